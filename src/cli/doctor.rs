@@ -1,0 +1,111 @@
+//! `loopx doctor`: check the project without changing it. Exit 5 when anything is damaged.
+
+use serde_json::json;
+
+use super::Context;
+use super::output::Output;
+use crate::error::{LoopxError, Result};
+use crate::kernel::Kernel;
+use crate::kernel::projection::check_json_projection;
+use crate::registry::inspect_registry;
+use crate::store::SqliteStore;
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {}
+
+pub fn run(ctx: &Context, _args: DoctorArgs) -> Result<Output> {
+    let paths = ctx.paths()?;
+    let mut checks: Vec<(String, bool, String)> = Vec::new();
+    let mut first_bad: Option<std::path::PathBuf> = None;
+    let mut record = |name: &str, ok: bool, detail: String, path: &std::path::Path| {
+        if !ok && first_bad.is_none() {
+            first_bad = Some(path.to_path_buf());
+        }
+        checks.push((name.to_string(), ok, detail));
+    };
+
+    let registry = inspect_registry(paths.registry());
+    let registry_missing = !paths.registry().exists();
+    record(
+        "registry.json",
+        registry.ok || registry_missing,
+        if registry_missing {
+            "missing (run `loopx refresh-state` to re-create it)".to_string()
+        } else if registry.ok {
+            format!("{} goal(s)", registry.goal_count)
+        } else {
+            serde_json::to_string(&registry.problems).unwrap_or_default()
+        },
+        &paths.registry(),
+    );
+
+    match SqliteStore::open(&paths.db()) {
+        Err(e) => record("database", false, e.to_string(), &paths.db()),
+        Ok(store) => {
+            let mut kernel = Kernel::from_store(paths.clone(), store);
+            match kernel.integrity_problems() {
+                Ok(p) if p.is_empty() => {
+                    record("database integrity", true, "ok".to_string(), &paths.db())
+                }
+                Ok(p) => record("database integrity", false, p.join("; "), &paths.db()),
+                Err(e) => record("database integrity", false, e.to_string(), &paths.db()),
+            }
+            match kernel.schema_version() {
+                Ok(v) => record("schema version", true, v.to_string(), &paths.db()),
+                Err(e) => record("schema version", false, e.to_string(), &paths.db()),
+            }
+            if let Ok(goals) = kernel.goals() {
+                for goal in goals {
+                    let state = paths.goal_state_json(&goal.id);
+                    match check_json_projection(&state) {
+                        Ok(()) => record(
+                            &format!("goal {} state.json", goal.id),
+                            true,
+                            "ok".to_string(),
+                            &state,
+                        ),
+                        Err(e) => record(
+                            &format!("goal {} state.json", goal.id),
+                            false,
+                            e.to_string(),
+                            &state,
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
+    let rows = checks
+        .iter()
+        .map(|(n, ok, d)| {
+            vec![
+                n.clone(),
+                if *ok { "ok" } else { "FAIL" }.to_string(),
+                d.clone(),
+            ]
+        })
+        .collect();
+    if let Some(path) = first_bad {
+        let failures: Vec<String> = checks
+            .iter()
+            .filter(|c| !c.1)
+            .map(|c| format!("{}: {}", c.0, c.2))
+            .collect();
+        return Err(LoopxError::Corrupt {
+            path,
+            detail: format!(
+                "doctor found {} problem(s): {}",
+                failures.len(),
+                failures.join(" | ")
+            ),
+        });
+    }
+    Ok(Output::new(json!({
+        "healthy": true,
+        "project": paths.project,
+        "checks": checks.iter().map(|(n, ok, d)| json!({"check": n, "ok": ok, "detail": d})).collect::<Vec<_>>(),
+    }))
+    .heading(format!("LoopX project at {} is healthy", paths.project.display()))
+    .table(&["check", "result", "detail"], rows))
+}

@@ -1,0 +1,232 @@
+//! The `loopx` command line: argument parsing, the per-command modules, and error reporting.
+//!
+//! Each command lives in its own file and does three things: turn flags into a kernel call, make
+//! the call, and describe the result as an [`output::Output`]. Policy never lives here.
+
+mod doctor;
+mod gate;
+mod goal;
+mod history;
+mod init;
+pub mod output;
+mod probe;
+mod project_prompt;
+mod quota;
+mod refresh_state;
+mod reward;
+mod start_goal;
+mod status;
+mod summary;
+mod todo;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::{LoopxError, Result};
+use crate::kernel::claim::agent_actor;
+use crate::kernel::{Actor, DEFAULT_AGENT_ID, Kernel};
+use crate::paths::ProjectPaths;
+use output::{Format, Output};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "loopx",
+    version,
+    about = "The control plane for long-running AI agent work"
+)]
+pub struct Cli {
+    /// Project directory holding `.loopx/` (default: search upward from the working directory).
+    #[arg(long, global = true, env = "LOOPX_ROOT", value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    pub format: Format,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create `.loopx/` (database and projections) in the project directory.
+    Init(init::InitArgs),
+    /// Create, list, show, close, pause and resume goals.
+    #[command(subcommand)]
+    Goal(goal::GoalCommand),
+    /// Seed-compatible alias of `goal` (create --title --description, list --json, close).
+    #[command(name = "project_prompt", subcommand)]
+    ProjectPrompt(project_prompt::ProjectPromptCommand),
+    /// Initialize the project if needed and create a goal from free text.
+    #[command(name = "start-goal")]
+    StartGoal(start_goal::StartGoalArgs),
+    /// Add, list, claim, renew, release, update and complete todos.
+    #[command(subcommand)]
+    Todo(todo::TodoCommand),
+    /// List and resolve user gates (operators only).
+    #[command(subcommand)]
+    Gate(gate::GateCommand),
+    /// Quota policy, the should-run decision, and the spend ledger.
+    #[command(subcommand)]
+    Quota(quota::QuotaCommand),
+    /// Record a run and rewrite the goal's projections (or re-create every projection).
+    #[command(name = "refresh-state")]
+    RefreshState(refresh_state::RefreshStateArgs),
+    /// Run history with reward overlays, newest first.
+    History(history::HistoryArgs),
+    /// Human reward overlays on runs.
+    #[command(subcommand)]
+    Reward(reward::RewardCommand),
+    /// Evidence, rewards, runs and quota of one goal.
+    #[command(name = "summary_all")]
+    SummaryAll(summary::SummaryArgs),
+    /// The attention queue: who must act next, on which goal.
+    Status(status::StatusArgs),
+    /// The goal's stored next probe (shown, never executed).
+    #[command(subcommand)]
+    Probe(probe::ProbeCommand),
+    /// Check the project: database integrity, schema, projections.
+    Doctor(doctor::DoctorArgs),
+}
+
+/// What every command may need: where to find the project and who is calling.
+pub struct Context {
+    pub root: Option<PathBuf>,
+    pub cwd: PathBuf,
+    /// `LOOPX_TURN_KEY`: set by the turn driver for the agent host it runs.
+    pub turn_key: Option<String>,
+    /// `LOOPX_AGENT_ID`: the agent identity of this process, when it has one.
+    pub env_agent_id: Option<String>,
+    /// `LOOPX_CLAIM_KEY`: the lease proof the turn driver hands its host.
+    pub env_claim_key: Option<String>,
+}
+
+impl Context {
+    fn from_env(root: Option<PathBuf>) -> Result<Context> {
+        let cwd = std::env::current_dir()
+            .map_err(|e| LoopxError::internal("reading the working directory", e))?;
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Ok(Context {
+            root,
+            cwd,
+            turn_key: var("LOOPX_TURN_KEY"),
+            env_agent_id: var("LOOPX_AGENT_ID"),
+            env_claim_key: var("LOOPX_CLAIM_KEY"),
+        })
+    }
+
+    pub fn paths(&self) -> Result<ProjectPaths> {
+        ProjectPaths::discover(self.root.as_deref(), &self.cwd)
+    }
+
+    pub fn kernel(&self) -> Result<Kernel> {
+        Kernel::open(self.paths()?)
+    }
+
+    /// The agent this process acts as for claims and decisions (flag, then env, then default).
+    pub fn agent_id(&self, flag: Option<&str>) -> String {
+        flag.map(str::to_string)
+            .or_else(|| self.env_agent_id.clone())
+            .unwrap_or_else(|| DEFAULT_AGENT_ID.to_string())
+    }
+
+    /// Who a write comes from: an agent when `--agent-id` is given or the process runs inside a
+    /// turn (`LOOPX_TURN_KEY`/`LOOPX_AGENT_ID`), otherwise the operator at the terminal.
+    pub fn actor(
+        &self,
+        agent_flag: Option<&str>,
+        fence: Option<i64>,
+        claim_key: Option<String>,
+    ) -> Actor {
+        if agent_flag.is_none() && self.turn_key.is_none() && self.env_agent_id.is_none() {
+            return Actor::Operator;
+        }
+        let claim_key = claim_key.or_else(|| self.env_claim_key.clone());
+        agent_actor(
+            &self.agent_id(agent_flag),
+            fence,
+            claim_key,
+            self.turn_key.clone(),
+        )
+    }
+
+    /// The actor for operator-only commands (no agent flags exist on them).
+    pub fn operator_or_agent(&self) -> Actor {
+        self.actor(None, None, None)
+    }
+}
+
+fn dispatch(ctx: &Context, command: Command) -> Result<Output> {
+    match command {
+        Command::Init(args) => init::run(ctx, args),
+        Command::Goal(cmd) => goal::run(ctx, cmd),
+        Command::ProjectPrompt(cmd) => project_prompt::run(ctx, cmd),
+        Command::StartGoal(args) => start_goal::run(ctx, args),
+        Command::Todo(cmd) => todo::run(ctx, cmd),
+        Command::Gate(cmd) => gate::run(ctx, cmd),
+        Command::Quota(cmd) => quota::run(ctx, cmd),
+        Command::RefreshState(args) => refresh_state::run(ctx, args),
+        Command::History(args) => history::run(ctx, args),
+        Command::Reward(cmd) => reward::run(ctx, cmd),
+        Command::SummaryAll(args) => summary::run(ctx, args),
+        Command::Status(args) => status::run(ctx, args),
+        Command::Probe(cmd) => probe::run(ctx, cmd),
+        Command::Doctor(args) => doctor::run(ctx, args),
+    }
+}
+
+/// Runs the CLI with the process arguments; returns the exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // clap uses 2 for usage errors, which is also our "bad input" code.
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let mut format = cli.format;
+    if let Command::ProjectPrompt(project_prompt::ProjectPromptCommand::List { json: true }) =
+        &cli.command
+    {
+        format = Format::Json;
+    }
+    let result = Context::from_env(cli.root).and_then(|ctx| dispatch(&ctx, cli.command));
+    match result {
+        Ok(output) => {
+            print!("{}", output.render(format));
+            0
+        }
+        Err(err) => {
+            report_error(&err, format);
+            err.exit_code()
+        }
+    }
+}
+
+fn report_error(err: &LoopxError, format: Format) {
+    let mut message = err.to_string();
+    if let LoopxError::Internal { source, .. } = err {
+        for cause in source.chain().skip(1) {
+            message.push_str(&format!(": {cause}"));
+        }
+    }
+    if format == Format::Json {
+        let value = serde_json::json!({
+            "schema_version": output::CLI_SCHEMA,
+            "ok": false,
+            "error": {"kind": err.kind(), "exit_code": err.exit_code(), "message": message},
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).expect("error values serialize")
+        );
+    }
+    eprintln!("loopx: error: {message}");
+}
+
+/// Formats an optional value for text output.
+pub(crate) fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref()
+        .map(|v| v.to_string())
+        .unwrap_or_else(|| "-".to_string())
+}

@@ -1,0 +1,202 @@
+//! One output type for every command: a JSON value for scripts and agents, and a small document
+//! (headings, fields, tables, lists) rendered either as aligned plain text or as Markdown.
+//!
+//! Commands build both from the same data, so the three formats can never disagree about what
+//! happened.
+
+use serde_json::Value;
+
+/// Stable version tag on every JSON object the CLI prints.
+pub const CLI_SCHEMA: &str = "loopx.cli.v1";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+    Markdown,
+}
+
+#[derive(Debug, Clone)]
+pub enum Block {
+    Heading(String),
+    Fields(Vec<(String, String)>),
+    Table {
+        headers: Vec<String>,
+        rows: Vec<Vec<String>>,
+    },
+    Para(String),
+    List(Vec<String>),
+}
+
+/// What a command prints.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub value: Value,
+    pub blocks: Vec<Block>,
+}
+
+impl Output {
+    pub fn new(value: Value) -> Output {
+        Output {
+            value,
+            blocks: Vec::new(),
+        }
+    }
+    pub fn heading(mut self, text: impl Into<String>) -> Output {
+        self.blocks.push(Block::Heading(text.into()));
+        self
+    }
+    pub fn fields<K: Into<String>, V: Into<String>>(
+        mut self,
+        fields: impl IntoIterator<Item = (K, V)>,
+    ) -> Output {
+        self.blocks.push(Block::Fields(
+            fields
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        ));
+        self
+    }
+    pub fn table(mut self, headers: &[&str], rows: Vec<Vec<String>>) -> Output {
+        self.blocks.push(Block::Table {
+            headers: headers.iter().map(|h| h.to_string()).collect(),
+            rows,
+        });
+        self
+    }
+    pub fn para(mut self, text: impl Into<String>) -> Output {
+        self.blocks.push(Block::Para(text.into()));
+        self
+    }
+    pub fn list(mut self, items: Vec<String>) -> Output {
+        self.blocks.push(Block::List(items));
+        self
+    }
+
+    pub fn render(&self, format: Format) -> String {
+        match format {
+            Format::Json => {
+                let mut value = self.value.clone();
+                if let Value::Object(map) = &mut value {
+                    map.entry("schema_version")
+                        .or_insert_with(|| Value::String(CLI_SCHEMA.to_string()));
+                    map.entry("ok").or_insert(Value::Bool(true));
+                }
+                let mut s = serde_json::to_string_pretty(&value).expect("output values serialize");
+                s.push('\n');
+                s
+            }
+            Format::Text => render_text(&self.blocks),
+            Format::Markdown => render_markdown(&self.blocks),
+        }
+    }
+}
+
+fn render_text(blocks: &[Block]) -> String {
+    let mut out = String::new();
+    for (i, block) in blocks.iter().enumerate() {
+        if i > 0 && matches!(block, Block::Heading(_)) {
+            out.push('\n');
+        }
+        match block {
+            Block::Heading(h) => {
+                out.push_str(h);
+                out.push('\n');
+            }
+            Block::Fields(fields) => {
+                let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+                for (k, v) in fields {
+                    out.push_str(&format!("  {k:<width$}  {v}\n"));
+                }
+            }
+            Block::Table { headers, rows } => {
+                if rows.is_empty() {
+                    out.push_str("  (none)\n");
+                    continue;
+                }
+                let mut widths: Vec<usize> = headers.iter().map(String::len).collect();
+                for row in rows {
+                    for (w, cell) in widths.iter_mut().zip(row) {
+                        *w = (*w).max(cell.chars().count());
+                    }
+                }
+                let line = |cells: &[String]| {
+                    let mut s = String::from(" ");
+                    for (cell, w) in cells.iter().zip(&widths) {
+                        s.push_str(&format!(" {cell:<w$}"));
+                    }
+                    s.trim_end().to_string() + "\n"
+                };
+                out.push_str(&line(headers));
+                for row in rows {
+                    out.push_str(&line(row));
+                }
+            }
+            Block::Para(p) => {
+                out.push_str(p);
+                out.push('\n');
+            }
+            Block::List(items) => {
+                for item in items {
+                    out.push_str(&format!("  - {item}\n"));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+fn render_markdown(blocks: &[Block]) -> String {
+    let mut out = String::new();
+    let mut first_heading = true;
+    for block in blocks {
+        match block {
+            Block::Heading(h) => {
+                out.push_str(if first_heading { "# " } else { "## " });
+                first_heading = false;
+                out.push_str(h);
+                out.push_str("\n\n");
+            }
+            Block::Fields(fields) => {
+                for (k, v) in fields {
+                    out.push_str(&format!("- **{k}**: {}\n", md_cell(v)));
+                }
+                out.push('\n');
+            }
+            Block::Table { headers, rows } => {
+                if rows.is_empty() {
+                    out.push_str("_(none)_\n\n");
+                    continue;
+                }
+                out.push_str(&format!("| {} |\n", headers.join(" | ")));
+                out.push_str(&format!("|{}\n", "---|".repeat(headers.len())));
+                for row in rows {
+                    out.push_str(&format!(
+                        "| {} |\n",
+                        row.iter()
+                            .map(|c| md_cell(c))
+                            .collect::<Vec<_>>()
+                            .join(" | ")
+                    ));
+                }
+                out.push('\n');
+            }
+            Block::Para(p) => {
+                out.push_str(p);
+                out.push_str("\n\n");
+            }
+            Block::List(items) => {
+                for item in items {
+                    out.push_str(&format!("- {item}\n"));
+                }
+                out.push('\n');
+            }
+        }
+    }
+    out
+}

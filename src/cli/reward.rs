@@ -1,0 +1,38 @@
+//! `loopx reward add`: a human reward overlay on a run.
+
+use clap::Subcommand;
+use serde_json::json;
+
+use super::Context;
+use super::output::Output;
+use crate::error::Result;
+
+#[derive(Debug, Subcommand)]
+pub enum RewardCommand {
+    /// Score a run (operators only).
+    Add {
+        #[arg(long)]
+        goal_id: String,
+        #[arg(long)]
+        run_id: String,
+        #[arg(long, allow_negative_numbers = true)]
+        score: f64,
+        #[arg(long, default_value = "")]
+        comment: String,
+    },
+}
+
+pub fn run(ctx: &Context, cmd: RewardCommand) -> Result<Output> {
+    let RewardCommand::Add {
+        goal_id,
+        run_id,
+        score,
+        comment,
+    } = cmd;
+    let reward =
+        ctx.kernel()?
+            .add_reward(&ctx.operator_or_agent(), &goal_id, &run_id, score, &comment)?;
+    Ok(Output::new(json!({"reward": reward}))
+        .heading(format!("Reward on run {run_id}"))
+        .fields([("score", score.to_string()), ("comment", comment)]))
+}

@@ -1,0 +1,74 @@
+//! Identifiers: validation of caller-supplied tokens and generation of sortable ids.
+//!
+//! Every id is a single path-safe token because goal and run ids become directory and file names
+//! under `.loopx/`. Run and operation ids are ULIDs: sortable by creation time, unique without
+//! coordination, never a timestamp with a collision suffix.
+
+use crate::error::{Result, bad_input};
+
+/// Longest id accepted.
+pub const MAX_ID_LEN: usize = 80;
+
+/// Checks that `value` is a path-safe token: starts with a letter or digit, then letters, digits,
+/// `.`, `_` or `-`, at most [`MAX_ID_LEN`] bytes. `what` names the field in the error.
+pub fn validate_token(what: &str, value: &str) -> Result<()> {
+    let ok = !value.is_empty()
+        && value.len() <= MAX_ID_LEN
+        && value.as_bytes()[0].is_ascii_alphanumeric()
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(bad_input(format!(
+            "invalid {what} '{value}': use 1-{MAX_ID_LEN} letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )))
+    }
+}
+
+/// A new ULID as a 26-character string.
+pub fn new_ulid() -> String {
+    ulid::Ulid::new().to_string()
+}
+
+/// A readable id derived from free text ("Fix the flaky test!" -> "fix-the-flaky-test").
+pub fn slug(text: &str, max_len: usize) -> String {
+    let mut out = String::new();
+    for ch in text.chars().flat_map(char::to_lowercase) {
+        if ch.is_ascii_alphanumeric() {
+            out.push(ch);
+        } else if !out.is_empty() && !out.ends_with('-') {
+            out.push('-');
+        }
+        if out.len() >= max_len {
+            break;
+        }
+    }
+    let trimmed = out.trim_end_matches('-');
+    if trimmed.is_empty() {
+        "goal".to_string()
+    } else {
+        trimmed.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens() {
+        assert!(validate_token("goal id", "demo-goal_1.2").is_ok());
+        for bad in ["", "../x", "a/b", ".hidden", "a b", &"x".repeat(81)] {
+            assert!(validate_token("goal id", bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn slugs() {
+        assert_eq!(slug("Fix the flaky test!", 40), "fix-the-flaky-test");
+        assert_eq!(slug("!!!", 40), "goal");
+        assert_eq!(slug("abc def ghi", 5), "abc-d");
+    }
+}

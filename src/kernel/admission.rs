@@ -1,0 +1,343 @@
+//! Admission: the only way a capability's proposal becomes state.
+//!
+//! Each proposal is checked against current state (the todo exists in this goal, the calling agent
+//! holds its lease, no gate is touched, sizes within limits). Accepted proposals commit together in
+//! one transaction with a run row that records every verdict, refused ones included, so the run log
+//! says exactly what a plugin asked for and why it was or was not done.
+
+use serde_json::json;
+
+use super::model::{GateScope, GoalStatus, Role, Run, TodoKind, TodoStatus};
+use super::todo::{NewTodo, add_evidence, authorize_write, complete_in_tx, insert_new_todo};
+use super::transition::{
+    AdmissionReport, MAX_PROPOSAL_TEXT, MAX_PROPOSALS_PER_CALL, ProposalSource, Transition, Verdict,
+};
+use super::{Actor, Kernel, log_op, require_goal};
+use crate::clock::now_ms;
+use crate::error::{LoopxError, Result};
+use crate::ids::new_ulid;
+use crate::store::StoreTx;
+
+/// Why a proposal is refused; becomes the verdict's reason.
+type Refusal = String;
+
+fn texts(t: &Transition) -> Vec<(&'static str, &str)> {
+    match t {
+        Transition::AddTodo { title, detail, .. } => vec![("title", title), ("detail", detail)],
+        Transition::AttachEvidence { text, .. } => vec![("text", text)],
+        Transition::CompleteTodo { evidence, .. } => {
+            evidence.iter().map(|e| ("evidence", e.as_str())).collect()
+        }
+        Transition::BlockTodo { reason, .. } | Transition::DeferTodo { reason, .. } => {
+            vec![("reason", reason)]
+        }
+        Transition::OpenUserGate { title, detail, .. } => {
+            vec![("title", title), ("detail", detail)]
+        }
+        Transition::RequestReplan { reason }
+        | Transition::ScheduleWake { reason, .. }
+        | Transition::NoChange { reason } => {
+            vec![("reason", reason)]
+        }
+    }
+}
+
+/// Turns a kernel error on one proposal into a refusal; store failures still abort the batch.
+fn refusal(err: LoopxError) -> Result<Refusal> {
+    match err {
+        LoopxError::Internal { .. } | LoopxError::Corrupt { .. } => Err(err),
+        other => Ok(other.to_string()),
+    }
+}
+
+/// Checks and applies one proposal inside `tx`. `Ok(Err(reason))` is a refusal.
+fn apply(
+    tx: &dyn StoreTx,
+    source: &ProposalSource,
+    actor: &Actor,
+    t: &Transition,
+    report: &mut AdmissionReport,
+    now: i64,
+) -> Result<std::result::Result<(String, Option<String>), Refusal>> {
+    for (field, text) in texts(t) {
+        if text.len() > MAX_PROPOSAL_TEXT {
+            return Ok(Err(format!(
+                "{field} is {} bytes; the limit is {MAX_PROPOSAL_TEXT}",
+                text.len()
+            )));
+        }
+    }
+    let goal_id = &source.goal_id;
+    // Loads a todo of *this* goal; any other id (including another goal's todo) is refused.
+    let load = |todo_id: &str| -> Result<std::result::Result<super::model::Todo, Refusal>> {
+        if crate::ids::validate_token("todo id", todo_id).is_err() {
+            return Ok(Err(format!("'{todo_id}' is not a valid todo id")));
+        }
+        Ok(tx
+            .todo(goal_id, todo_id)?
+            .ok_or_else(|| format!("no todo '{todo_id}' in goal '{goal_id}'")))
+    };
+    let touch = |todo: &super::model::Todo,
+                 what: &str|
+     -> Result<std::result::Result<(), Refusal>> {
+        if todo.role == Role::User {
+            return Ok(Err(format!(
+                "todo '{}' is a {}; a capability can never {what} a gate (only an operator resolves gates)",
+                todo.id, todo.kind
+            )));
+        }
+        match authorize_write(todo, actor) {
+            Ok(()) => Ok(Ok(())),
+            Err(e) => Ok(Err(refusal(e)?)),
+        }
+    };
+    Ok(match t {
+        Transition::AddTodo {
+            id,
+            title,
+            detail,
+            priority,
+            kind,
+            lane,
+            depends_on,
+            capability,
+        } => {
+            if !matches!(kind, TodoKind::Task | TodoKind::Monitor) {
+                return Ok(Err(format!(
+                    "add_todo may add task or monitor todos, not {kind}; use open_user_gate"
+                )));
+            }
+            if let Some(existing) = id.as_deref().map(load).transpose()?.and_then(|r| r.ok()) {
+                return Ok(Ok((
+                    format!("todo '{}' already exists; unchanged", existing.id),
+                    Some(existing.id),
+                )));
+            }
+            let new = NewTodo {
+                id: id.clone(),
+                title: title.clone(),
+                detail: detail.clone(),
+                priority: Some(*priority),
+                kind: *kind,
+                depends_on: depends_on.clone(),
+                capability: capability.clone(),
+                lane: lane.clone(),
+                gate_scope: None,
+            };
+            match insert_new_todo(tx, goal_id, new, now) {
+                Ok(todo) => Ok((format!("created todo '{}'", todo.id), Some(todo.id))),
+                Err(e) => Err(refusal(e)?),
+            }
+        }
+        Transition::AttachEvidence {
+            todo_id,
+            text,
+            artifact_path,
+            artifact_digest,
+        } => {
+            let todo = match load(todo_id)? {
+                Ok(t) => t,
+                Err(r) => return Ok(Err(r)),
+            };
+            if let Err(e) = authorize_write(&todo, actor) {
+                return Ok(Err(refusal(e)?));
+            }
+            let artifact = artifact_path.clone().map(|p| (p, artifact_digest.clone()));
+            match add_evidence(tx, &todo, actor, text, artifact, None, now) {
+                Ok(_) => Ok((
+                    format!("evidence attached to '{todo_id}'"),
+                    Some(todo_id.clone()),
+                )),
+                Err(e) => Err(refusal(e)?),
+            }
+        }
+        Transition::CompleteTodo { todo_id, evidence } => {
+            let todo = match load(todo_id)? {
+                Ok(t) => t,
+                Err(r) => return Ok(Err(r)),
+            };
+            if let Err(r) = touch(&todo, "complete")? {
+                return Ok(Err(r));
+            }
+            match complete_in_tx(tx, todo, actor, evidence.as_deref(), now) {
+                Ok(c) if c.changed => Ok((format!("completed '{todo_id}'"), Some(todo_id.clone()))),
+                Ok(_) => Ok((
+                    format!("'{todo_id}' was already completed; unchanged"),
+                    Some(todo_id.clone()),
+                )),
+                Err(e) => Err(refusal(e)?),
+            }
+        }
+        Transition::BlockTodo { todo_id, reason } | Transition::DeferTodo { todo_id, reason } => {
+            let (status, verb) = if matches!(t, Transition::BlockTodo { .. }) {
+                (TodoStatus::Blocked, "block")
+            } else {
+                (TodoStatus::Deferred, "defer")
+            };
+            let mut todo = match load(todo_id)? {
+                Ok(t) => t,
+                Err(r) => return Ok(Err(r)),
+            };
+            if let Err(r) = touch(&todo, verb)? {
+                return Ok(Err(r));
+            }
+            if todo.status.is_terminal() {
+                return Ok(Err(format!(
+                    "todo '{todo_id}' is {}; terminal todos do not change",
+                    todo.status
+                )));
+            }
+            todo.status = status;
+            todo.claim = None;
+            todo.status_reason = Some(reason.clone());
+            todo.updated_at = now;
+            tx.update_todo(&todo)?;
+            Ok((format!("{verb}ed '{todo_id}'"), Some(todo_id.clone())))
+        }
+        Transition::OpenUserGate {
+            title,
+            detail,
+            blocking,
+            blocks_agent,
+        } => {
+            let (kind, scope) = match (blocking, blocks_agent) {
+                (true, Some(a)) => (
+                    TodoKind::UserGate,
+                    Some(GateScope::BlocksAgent {
+                        agent_id: a.clone(),
+                    }),
+                ),
+                (true, None) => (TodoKind::UserGate, Some(GateScope::Global)),
+                (false, _) => (TodoKind::UserAction, None),
+            };
+            let new = NewTodo {
+                kind,
+                gate_scope: scope,
+                detail: detail.clone(),
+                ..NewTodo::task(title.clone())
+            };
+            match insert_new_todo(tx, goal_id, new, now) {
+                Ok(todo) => Ok((format!("opened {} '{}'", todo.kind, todo.id), Some(todo.id))),
+                Err(e) => Err(refusal(e)?),
+            }
+        }
+        Transition::RequestReplan { .. } => {
+            report.replan_requested = true;
+            Ok(("replan requested".to_string(), None))
+        }
+        Transition::ScheduleWake { after_seconds, .. } => {
+            report.wake_after_seconds = Some(*after_seconds);
+            Ok((format!("wake requested in {after_seconds}s"), None))
+        }
+        Transition::NoChange { reason } => Ok((format!("no change: {reason}"), None)),
+    })
+}
+
+/// Admits a batch inside the caller's transaction (the turn driver commits it together with its
+/// journal phase). Writes state for accepted proposals but no run row.
+pub(crate) fn admit_in_tx(
+    tx: &dyn StoreTx,
+    source: &ProposalSource,
+    proposals: &[Transition],
+    dry_run: bool,
+    now: i64,
+) -> Result<AdmissionReport> {
+    let goal = require_goal(tx, &source.goal_id)?;
+    let actor = Actor::Capability {
+        capability: source.capability.clone(),
+        agent_id: source.agent_id.clone(),
+    };
+    let mut report = AdmissionReport {
+        goal_id: source.goal_id.clone(),
+        capability: source.capability.clone(),
+        dry_run,
+        verdicts: Vec::new(),
+        accepted: 0,
+        refused: 0,
+        run_id: None,
+        replan_requested: false,
+        wake_after_seconds: None,
+    };
+    for (index, t) in proposals.iter().enumerate() {
+        let outcome = if index >= MAX_PROPOSALS_PER_CALL {
+            Err(format!(
+                "over the limit of {MAX_PROPOSALS_PER_CALL} proposals per call"
+            ))
+        } else if goal.status != GoalStatus::Active {
+            Err(format!(
+                "goal '{}' is {}; nothing is admitted",
+                goal.id, goal.status
+            ))
+        } else {
+            apply(tx, source, &actor, t, &mut report, now)?
+        };
+        let verdict = match outcome {
+            Ok((reason, todo_id)) => Verdict {
+                index,
+                transition: t.kind().to_string(),
+                accepted: true,
+                reason,
+                todo_id,
+            },
+            Err(reason) => Verdict {
+                index,
+                transition: t.kind().to_string(),
+                accepted: false,
+                reason,
+                todo_id: None,
+            },
+        };
+        if verdict.accepted {
+            report.accepted += 1;
+        } else {
+            report.refused += 1;
+        }
+        report.verdicts.push(verdict);
+    }
+    if !dry_run && report.accepted > 0 {
+        log_op(
+            tx,
+            Some(&source.goal_id),
+            &actor,
+            "admit",
+            json!({"accepted": report.accepted, "refused": report.refused}),
+        )?;
+    }
+    Ok(report)
+}
+
+impl Kernel {
+    /// Admits a capability's proposals: accepted ones commit in one transaction together with a
+    /// run row recording every verdict. With `dry_run` the same checks run and roll back.
+    pub fn admit(
+        &mut self,
+        source: &ProposalSource,
+        proposals: &[Transition],
+        dry_run: bool,
+    ) -> Result<AdmissionReport> {
+        if dry_run {
+            return self
+                .write_then_rollback(|tx| admit_in_tx(tx, source, proposals, true, now_ms()));
+        }
+        let (report, run) = self.write(|tx| {
+            let now = now_ms();
+            let mut report = admit_in_tx(tx, source, proposals, false, now)?;
+            let run = Run {
+                id: new_ulid(),
+                goal_id: source.goal_id.clone(),
+                agent_id: source.agent_id.clone(),
+                todo_id: None,
+                classification: "capability_proposals".to_string(),
+                outcome: Some(if report.refused == 0 { "accepted" } else { "partially_refused" }.to_string()),
+                summary: format!("{}: {} accepted, {} refused", source.capability, report.accepted, report.refused),
+                payload: json!({"source": source, "proposals": proposals, "verdicts": report.verdicts}),
+                created_at: now,
+            };
+            tx.insert_run(&run)?;
+            report.run_id = Some(run.id.clone());
+            Ok((report, run))
+        })?;
+        self.write_run_report(&run)?;
+        Ok(report)
+    }
+}

@@ -1,0 +1,222 @@
+//! The kernel: the only writer of durable state.
+//!
+//! Every mutating command is a `Kernel` method that opens one write transaction, checks policy
+//! against current state, writes, appends one operation-log entry, and commits. Callers (the CLI,
+//! the turn driver, the plugin host) never touch the store directly, so every rule about claims,
+//! gates and quota lives here, once.
+
+pub mod admission;
+pub mod claim;
+pub mod decision;
+pub mod goal;
+pub mod model;
+pub mod projection;
+pub mod quota;
+pub mod run;
+pub mod status;
+pub mod todo;
+pub mod transition;
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::now_ms;
+use crate::error::{LoopxError, Result, refused};
+use crate::ids::new_ulid;
+use crate::paths::ProjectPaths;
+use crate::store::{OpRecord, SqliteStore, Store, StoreTx};
+
+/// Agent id used when a command names none and `LOOPX_AGENT_ID` is unset.
+pub const DEFAULT_AGENT_ID: &str = "agent";
+
+/// Proof that a write comes from the current lease holder: the fence it was granted, or the
+/// idempotency key it claimed with (the key is fixed before the claim, so commands can be
+/// written out in advance; a takeover always uses a new key).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseProof {
+    Fence(i64),
+    Key(String),
+}
+
+/// Who is asking. Operators (people at a terminal) may resolve gates and set policy; agents may
+/// not, and their writes to claimed todos must carry a lease proof.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Actor {
+    Operator,
+    Agent {
+        agent_id: String,
+        proof: Option<LeaseProof>,
+        turn_key: Option<String>,
+    },
+    /// A capability's admitted proposal, on behalf of the agent whose turn it serves (if any).
+    /// Admission has already checked that agent holds any lease it touches.
+    Capability {
+        capability: String,
+        agent_id: Option<String>,
+    },
+}
+
+impl Actor {
+    pub fn label(&self) -> String {
+        match self {
+            Actor::Operator => "operator".to_string(),
+            Actor::Agent { agent_id, .. } => format!("agent:{agent_id}"),
+            Actor::Capability { capability, .. } => format!("capability:{capability}"),
+        }
+    }
+
+    pub fn agent_id(&self) -> Option<&str> {
+        match self {
+            Actor::Operator => None,
+            Actor::Agent { agent_id, .. } => Some(agent_id),
+            Actor::Capability { agent_id, .. } => agent_id.as_deref(),
+        }
+    }
+
+    /// Refuses unless this is an operator; `action` completes "only an operator can ...".
+    pub fn require_operator(&self, action: &str) -> Result<()> {
+        match self {
+            Actor::Operator => Ok(()),
+            Actor::Agent {
+                agent_id, turn_key, ..
+            } => Err(refused(format!(
+                "only an operator can {action}; this command runs as agent '{agent_id}'{}",
+                match turn_key {
+                    Some(k) => format!(" inside turn {k} (LOOPX_TURN_KEY is set)"),
+                    None => String::new(),
+                }
+            ))),
+            Actor::Capability { capability, .. } => Err(refused(format!(
+                "only an operator can {action}; capability '{capability}' cannot"
+            ))),
+        }
+    }
+}
+
+/// An open project: its paths and its store.
+pub struct Kernel {
+    paths: ProjectPaths,
+    store: Box<dyn Store>,
+}
+
+impl Kernel {
+    /// Creates `.loopx/` under `project` with a fresh database and an empty registry projection.
+    /// Returns `Ok(None)` when the project is already initialized (nothing is touched).
+    pub fn init(project: &Path) -> Result<Option<Kernel>> {
+        let paths = ProjectPaths::at(project);
+        if paths.db().is_file() {
+            return Ok(None);
+        }
+        std::fs::create_dir_all(paths.goals_dir()).map_err(|e| {
+            LoopxError::internal(format!("creating {}", paths.goals_dir().display()), e)
+        })?;
+        let store = SqliteStore::create(&paths.db())?;
+        let mut kernel = Kernel {
+            paths,
+            store: Box::new(store),
+        };
+        kernel.write_registry_projection()?;
+        Ok(Some(kernel))
+    }
+
+    /// Opens an existing project and checks the registry projection is intact (a damaged
+    /// projection is reported, never silently replaced).
+    pub fn open(paths: ProjectPaths) -> Result<Kernel> {
+        projection::check_json_projection(&paths.registry())?;
+        let store = SqliteStore::open(&paths.db())?;
+        Ok(Kernel {
+            paths,
+            store: Box::new(store),
+        })
+    }
+
+    /// Wraps an already-open store without checking projections (for `doctor`, which reports
+    /// damaged projections instead of refusing to start).
+    pub fn from_store(paths: ProjectPaths, store: SqliteStore) -> Kernel {
+        Kernel {
+            paths,
+            store: Box::new(store),
+        }
+    }
+
+    pub fn paths(&self) -> &ProjectPaths {
+        &self.paths
+    }
+
+    /// Runs `f` in one read snapshot.
+    pub fn read<R>(&mut self, f: impl FnOnce(&dyn StoreTx) -> Result<R>) -> Result<R> {
+        let tx = self.store.begin_read()?;
+        let out = f(&*tx)?;
+        drop(tx);
+        Ok(out)
+    }
+
+    /// Runs `f` in one write transaction and commits it only if `f` succeeds.
+    pub fn write<R>(&mut self, f: impl FnOnce(&dyn StoreTx) -> Result<R>) -> Result<R> {
+        let tx = self.store.begin_write()?;
+        let out = f(&*tx)?;
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Runs `f` in a write transaction and rolls it back: the checks of a real write, none of its
+    /// effects (dry runs).
+    pub fn write_then_rollback<R>(
+        &mut self,
+        f: impl FnOnce(&dyn StoreTx) -> Result<R>,
+    ) -> Result<R> {
+        let tx = self.store.begin_write()?;
+        let out = f(&*tx)?;
+        drop(tx);
+        Ok(out)
+    }
+
+    /// `PRAGMA integrity_check` problems (empty when healthy).
+    pub fn integrity_problems(&mut self) -> Result<Vec<String>> {
+        self.store.integrity_check()
+    }
+
+    pub fn schema_version(&mut self) -> Result<i64> {
+        self.store.schema_version()
+    }
+}
+
+/// Appends one operation-log entry inside the caller's transaction.
+pub(crate) fn log_op(
+    tx: &dyn StoreTx,
+    goal_id: Option<&str>,
+    actor: &Actor,
+    kind: &str,
+    detail: serde_json::Value,
+) -> Result<()> {
+    tx.append_op(&OpRecord {
+        id: new_ulid(),
+        goal_id: goal_id.map(str::to_string),
+        actor: actor.label(),
+        kind: kind.to_string(),
+        detail,
+        created_at: now_ms(),
+    })
+}
+
+/// Loads a goal or fails with exit 3 naming it.
+pub(crate) fn require_goal(tx: &dyn StoreTx, goal_id: &str) -> Result<model::Goal> {
+    crate::ids::validate_token("goal id", goal_id)?;
+    tx.goal(goal_id)?.ok_or_else(|| {
+        crate::error::not_found(format!(
+            "unknown goal '{goal_id}'; `loopx goal list` shows the goals of this project"
+        ))
+    })
+}
+
+/// Loads a todo of a goal or fails with exit 3 naming both.
+pub(crate) fn require_todo(tx: &dyn StoreTx, goal_id: &str, todo_id: &str) -> Result<model::Todo> {
+    crate::ids::validate_token("todo id", todo_id)?;
+    tx.todo(goal_id, todo_id)?.ok_or_else(|| {
+        crate::error::not_found(format!(
+            "unknown todo '{todo_id}' in goal '{goal_id}'; `loopx todo list --goal-id {goal_id}` shows its todos"
+        ))
+    })
+}

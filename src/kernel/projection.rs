@@ -1,0 +1,333 @@
+//! File projections of the canonical store: `registry.json`, `goals/<id>/state.json` + `STATE.md`,
+//! and the immutable run reports `runs/<run-id>.json` + `.md`.
+//!
+//! Projections are for people and agents that read files; they are always re-creatable from the
+//! database. They are written atomically (temp file, fsync, rename) so a reader sees the old or the
+//! new content, and an existing projection that no longer parses is reported as corrupt instead of
+//! being overwritten: someone may have edited it by hand, and silently replacing it would lose that.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::model::{Evidence, Goal, Run, Todo};
+use super::{Kernel, quota};
+use crate::clock::{now_ms, rfc3339};
+use crate::error::{LoopxError, Result};
+
+pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
+pub const STATE_SCHEMA: &str = "loopx.goal_state.v1";
+pub const RUN_SCHEMA: &str = "loopx.run.v1";
+
+/// Fails with exit 5 when `path` exists but is not valid JSON.
+pub fn check_json_projection(path: &Path) -> Result<()> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice::<Value>(&bytes).map(|_| ()).map_err(|e| LoopxError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!(
+                "projection does not parse ({e}); it was left untouched. Move it aside and run `loopx refresh-state` \
+                 to re-create it from the database"
+            ),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(LoopxError::internal(format!("reading {}", path.display()), e)),
+    }
+}
+
+/// Writes `bytes` to `path` atomically and durably: temp file in the same directory, fsync,
+/// rename over the target.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().expect("projection paths have a parent");
+    std::fs::create_dir_all(dir)
+        .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("projection"),
+        std::process::id()
+    ));
+    let result = (|| -> std::io::Result<()> {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        LoopxError::internal(format!("writing {}", path.display()), e)
+    })
+}
+
+/// Writes a file that must never change once written (run reports). Refuses to replace one.
+fn write_once(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().expect("run report paths have a parent");
+    std::fs::create_dir_all(dir)
+        .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                LoopxError::Conflict(format!(
+                    "run report {} already exists; run reports are immutable",
+                    path.display()
+                ))
+            } else {
+                LoopxError::internal(format!("creating {}", path.display()), e)
+            }
+        })?;
+    file.write_all(bytes)
+        .and_then(|_| file.sync_all())
+        .map_err(|e| LoopxError::internal(format!("writing {}", path.display()), e))
+}
+
+fn pretty(value: &Value) -> Vec<u8> {
+    let mut bytes = serde_json::to_vec_pretty(value).expect("projection values serialize");
+    bytes.push(b'\n');
+    bytes
+}
+
+pub fn todo_json(todo: &Todo, now: i64) -> Value {
+    json!({
+        "id": todo.id,
+        "role": todo.role,
+        "kind": todo.kind,
+        "title": todo.title,
+        "detail": todo.detail,
+        "priority": todo.priority,
+        "status": todo.status,
+        "depends_on": todo.depends_on,
+        "capability": todo.capability,
+        "lane": todo.lane,
+        "gate_scope": todo.gate_scope,
+        "claim": todo.claim.as_ref().map(|c| json!({
+            "agent_id": c.agent_id,
+            "fence": c.fence,
+            "expires_at": rfc3339(c.expires_at),
+            "live": c.is_live(now),
+        })),
+        "status_reason": todo.status_reason,
+        "created_at": rfc3339(todo.created_at),
+        "updated_at": rfc3339(todo.updated_at),
+    })
+}
+
+pub fn goal_json(goal: &Goal) -> Value {
+    json!({
+        "id": goal.id,
+        "title": goal.title,
+        "objective": goal.objective,
+        "success_criteria": goal.success_criteria,
+        "status": goal.status,
+        "project_dir": goal.project_dir,
+        "next_probe": goal.next_probe,
+        "created_at": rfc3339(goal.created_at),
+        "updated_at": rfc3339(goal.updated_at),
+    })
+}
+
+pub fn evidence_json(e: &Evidence) -> Value {
+    json!({
+        "todo_id": e.todo_id,
+        "text": e.text,
+        "artifact_path": e.artifact_path,
+        "artifact_digest": e.artifact_digest,
+        "run_id": e.run_id,
+        "actor": e.actor,
+        "created_at": rfc3339(e.created_at),
+    })
+}
+
+pub fn run_json(run: &Run) -> Value {
+    json!({
+        "schema_version": RUN_SCHEMA,
+        "run_id": run.id,
+        "goal_id": run.goal_id,
+        "agent_id": run.agent_id,
+        "todo_id": run.todo_id,
+        "classification": run.classification,
+        "outcome": run.outcome,
+        "summary": run.summary,
+        "created_at": rfc3339(run.created_at),
+        "payload": run.payload,
+    })
+}
+
+fn run_markdown(run: &Run) -> String {
+    let mut md = format!("# Run {}\n\n", run.id);
+    md.push_str(&format!("- goal: `{}`\n", run.goal_id));
+    if let Some(a) = &run.agent_id {
+        md.push_str(&format!("- agent: `{a}`\n"));
+    }
+    if let Some(t) = &run.todo_id {
+        md.push_str(&format!("- todo: `{t}`\n"));
+    }
+    md.push_str(&format!("- classification: {}\n", run.classification));
+    if let Some(o) = &run.outcome {
+        md.push_str(&format!("- outcome: {o}\n"));
+    }
+    md.push_str(&format!("- created: {}\n\n", rfc3339(run.created_at)));
+    md.push_str("## Summary\n\n");
+    md.push_str(if run.summary.is_empty() {
+        "(none)"
+    } else {
+        &run.summary
+    });
+    md.push_str("\n\n## Payload\n\n```json\n");
+    md.push_str(&serde_json::to_string_pretty(&run.payload).unwrap_or_default());
+    md.push_str("\n```\n");
+    md
+}
+
+impl Kernel {
+    /// Rewrites `.loopx/registry.json` from the database.
+    pub fn write_registry_projection(&mut self) -> Result<()> {
+        let path = self.paths().registry();
+        check_json_projection(&path)?;
+        let (goals, extensions) = self.read(|tx| Ok((tx.goals()?, tx.extensions()?)))?;
+        let value = json!({
+            "schema_version": REGISTRY_SCHEMA,
+            "generated_at": rfc3339(now_ms()),
+            "goals": goals.iter().map(|g| json!({
+                "id": g.id,
+                "title": g.title,
+                "status": g.status,
+                "objective": g.objective,
+                "project_dir": g.project_dir,
+                "next_probe": g.next_probe,
+                "state_file": format!("goals/{}/state.json", g.id),
+            })).collect::<Vec<_>>(),
+            "extensions": extensions.iter().map(|e| json!({
+                "id": e.id,
+                "version": e.version,
+                "revision": e.revision,
+                "enabled": e.enabled,
+                "provides": e.manifest.get("provides").cloned().unwrap_or(Value::Null),
+            })).collect::<Vec<_>>(),
+        });
+        write_atomic(&path, &pretty(&value))
+    }
+
+    /// Rewrites `goals/<id>/state.json` and `STATE.md` from the database.
+    pub fn write_goal_projection(&mut self, goal_id: &str) -> Result<()> {
+        let json_path = self.paths().goal_state_json(goal_id);
+        check_json_projection(&json_path)?;
+        let now = now_ms();
+        let (goal, todos, evidence, policy, spent) = self.read(|tx| {
+            let goal = super::require_goal(tx, goal_id)?;
+            let policy = tx.quota_policy(goal_id)?.unwrap_or_default();
+            let spent = tx.spent_since(goal_id, now - policy.window_ms(), None)?;
+            Ok((
+                goal,
+                tx.todos(goal_id)?,
+                tx.recent_evidence(goal_id, 50)?,
+                policy,
+                spent,
+            ))
+        })?;
+        let quota = quota::QuotaView::new(&policy, spent, None);
+        let value = json!({
+            "schema_version": STATE_SCHEMA,
+            "generated_at": rfc3339(now),
+            "goal": goal_json(&goal),
+            "todos": todos.iter().map(|t| todo_json(t, now)).collect::<Vec<_>>(),
+            "recent_evidence": evidence.iter().map(evidence_json).collect::<Vec<_>>(),
+            "quota": quota.to_json(),
+        });
+        write_atomic(&json_path, &pretty(&value))?;
+        write_atomic(
+            &self.paths().goal_state_md(goal_id),
+            state_markdown(&goal, &todos, &evidence, &quota, now).as_bytes(),
+        )
+    }
+
+    /// Writes the immutable report pair for a run.
+    pub fn write_run_report(&self, run: &Run) -> Result<()> {
+        write_once(
+            &self.paths().run_json(&run.goal_id, &run.id),
+            &pretty(&run_json(run)),
+        )?;
+        write_once(
+            &self.paths().run_md(&run.goal_id, &run.id),
+            run_markdown(run).as_bytes(),
+        )
+    }
+}
+
+fn state_markdown(
+    goal: &Goal,
+    todos: &[Todo],
+    evidence: &[Evidence],
+    quota: &quota::QuotaView,
+    now: i64,
+) -> String {
+    let mut md = format!("# {}\n\n", goal.title);
+    md.push_str(&format!("Goal `{}` is **{}**. Generated {} from the LoopX database; edits here are not read back.\n\n", goal.id, goal.status, rfc3339(now)));
+    md.push_str("## Objective\n\n");
+    md.push_str(&goal.objective);
+    md.push_str("\n\n");
+    if !goal.success_criteria.is_empty() {
+        md.push_str("## Success criteria\n\n");
+        for c in &goal.success_criteria {
+            md.push_str(&format!("- {c}\n"));
+        }
+        md.push('\n');
+    }
+    let user: Vec<&Todo> = todos
+        .iter()
+        .filter(|t| t.role == super::model::Role::User)
+        .collect();
+    let agent: Vec<&Todo> = todos
+        .iter()
+        .filter(|t| t.role == super::model::Role::Agent)
+        .collect();
+    for (heading, list) in [("User todos and gates", user), ("Agent todos", agent)] {
+        md.push_str(&format!("## {heading}\n\n"));
+        if list.is_empty() {
+            md.push_str("(none)\n\n");
+            continue;
+        }
+        for t in list {
+            let mark = if t.status.is_terminal() { "x" } else { " " };
+            let mut line = format!(
+                "- [{mark}] [{}] {} `{}` ({}",
+                t.priority, t.title, t.id, t.status
+            );
+            if let Some(c) = t.live_claim(now) {
+                line.push_str(&format!(", claimed by {} fence {}", c.agent_id, c.fence));
+            }
+            if !t.depends_on.is_empty() {
+                line.push_str(&format!(", after {}", t.depends_on.join(", ")));
+            }
+            line.push_str(")\n");
+            md.push_str(&line);
+        }
+        md.push('\n');
+    }
+    md.push_str("## Quota\n\n");
+    md.push_str(&format!(
+        "{} of {} slots spent in the window ({}).\n\n",
+        quota.spent_slots, quota.allowed_slots, quota.state
+    ));
+    if let Some(p) = &goal.next_probe {
+        md.push_str(&format!(
+            "## Next probe (stored, never executed)\n\n`{p}`\n\n"
+        ));
+    }
+    md.push_str("## Recent evidence\n\n");
+    if evidence.is_empty() {
+        md.push_str("(none)\n");
+    }
+    for e in evidence {
+        md.push_str(&format!(
+            "- `{}` {}: {}\n",
+            e.todo_id,
+            rfc3339(e.created_at),
+            e.text
+        ));
+    }
+    md
+}

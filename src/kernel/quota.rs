@@ -1,0 +1,328 @@
+//! Compute quota (layer 6): policy per goal and a spend/void ledger keyed by effect id.
+//!
+//! Spent slots are always derived from the ledger over the rolling window, never stored as a
+//! counter, so a retried spend (same effect id) cannot count twice: the insert is a no-op on the
+//! primary key and the command reports an idempotent replay.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::model::{LedgerEntry, LedgerKind, QuotaPolicy};
+use super::{Actor, Kernel, log_op, require_goal};
+use crate::clock::now_ms;
+use crate::error::{Result, bad_input, not_found};
+use crate::ids::validate_token;
+
+/// The quota situation of a goal (and optionally one agent) right now.
+#[derive(Debug, Clone, Serialize)]
+pub struct QuotaView {
+    pub allowed_slots: i64,
+    pub spent_slots: i64,
+    pub remaining_slots: i64,
+    pub agent_spent_slots: Option<i64>,
+    pub per_agent_cap: Option<i64>,
+    /// `eligible`, `throttled` (window used up), `agent_capped`, or `paused` (compute 0).
+    pub state: &'static str,
+    pub policy: QuotaPolicy,
+}
+
+impl QuotaView {
+    pub fn new(policy: &QuotaPolicy, spent: i64, agent_spent: Option<i64>) -> QuotaView {
+        let allowed = policy.allowed_slots();
+        let state = if policy.compute <= 0.0 && policy.allowed_slots.is_none() || allowed <= 0 {
+            "paused"
+        } else if spent >= allowed {
+            "throttled"
+        } else if let (Some(cap), Some(a)) = (policy.per_agent_cap, agent_spent)
+            && a >= cap
+        {
+            "agent_capped"
+        } else {
+            "eligible"
+        };
+        QuotaView {
+            allowed_slots: allowed,
+            spent_slots: spent,
+            remaining_slots: (allowed - spent).max(0),
+            agent_spent_slots: agent_spent,
+            per_agent_cap: policy.per_agent_cap,
+            state,
+            policy: policy.clone(),
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "allowed_slots": self.allowed_slots,
+            "spent_slots": self.spent_slots,
+            "remaining_slots": self.remaining_slots,
+            "agent_spent_slots": self.agent_spent_slots,
+            "per_agent_cap": self.per_agent_cap,
+            "state": self.state,
+            "policy": self.policy,
+        })
+    }
+}
+
+/// Changes to a goal's policy; unset fields keep their value.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyPatch {
+    pub compute: Option<f64>,
+    pub window_hours: Option<f64>,
+    pub slot_minutes: Option<f64>,
+    pub allowed_slots: Option<i64>,
+    pub per_agent_cap: Option<i64>,
+    pub clear_allowed_slots: bool,
+    pub clear_per_agent_cap: bool,
+}
+
+/// A spend request.
+#[derive(Debug, Clone)]
+pub struct SpendRequest {
+    pub goal_id: String,
+    pub agent_id: Option<String>,
+    pub slots: i64,
+    /// Idempotency key; defaults to `run:<latest run of the goal (for the agent)>`.
+    pub effect_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpendReceipt {
+    pub entry: LedgerEntry,
+    /// True when this effect id was already spent; nothing new was written.
+    pub idempotent_replay: bool,
+    pub before: QuotaView,
+    pub after: QuotaView,
+}
+
+pub(crate) fn view_in_tx(
+    tx: &dyn crate::store::StoreTx,
+    goal_id: &str,
+    agent_id: Option<&str>,
+    now: i64,
+) -> Result<QuotaView> {
+    let policy = tx.quota_policy(goal_id)?.unwrap_or_default();
+    let since = now - policy.window_ms();
+    let spent = tx.spent_since(goal_id, since, None)?;
+    let agent_spent = match agent_id {
+        Some(a) => Some(tx.spent_since(goal_id, since, Some(a))?),
+        None => None,
+    };
+    Ok(QuotaView::new(&policy, spent, agent_spent))
+}
+
+fn check_effect_id(effect_id: &str) -> Result<()> {
+    let ok = !effect_id.is_empty()
+        && effect_id.len() <= 200
+        && effect_id.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/' | b'@')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(bad_input(format!(
+            "invalid effect id '{effect_id}': use 1-200 letters, digits and . _ - : / @"
+        )))
+    }
+}
+
+impl Kernel {
+    pub fn quota(
+        &mut self,
+        goal_id: &str,
+        agent_id: Option<&str>,
+    ) -> Result<(QuotaView, Vec<LedgerEntry>)> {
+        self.read(|tx| {
+            require_goal(tx, goal_id)?;
+            Ok((
+                view_in_tx(tx, goal_id, agent_id, now_ms())?,
+                tx.recent_ledger(goal_id, 20)?,
+            ))
+        })
+    }
+
+    /// Sets policy fields. Operators only: an agent cannot raise its own budget.
+    pub fn set_quota(
+        &mut self,
+        actor: &Actor,
+        goal_id: &str,
+        patch: PolicyPatch,
+    ) -> Result<QuotaView> {
+        actor.require_operator("set quota policy")?;
+        if let Some(c) = patch.compute
+            && !(0.0..=1000.0).contains(&c)
+        {
+            return Err(bad_input(format!(
+                "--compute {c} is out of range: use 0 (pause) to 1000"
+            )));
+        }
+        for (name, v) in [
+            ("--window-hours", patch.window_hours),
+            ("--slot-minutes", patch.slot_minutes),
+        ] {
+            if let Some(v) = v
+                && !(v > 0.0 && v <= 10_000.0)
+            {
+                return Err(bad_input(format!(
+                    "{name} {v} is out of range: use a positive number up to 10000"
+                )));
+            }
+        }
+        for (name, v) in [
+            ("--allowed-slots", patch.allowed_slots),
+            ("--per-agent-cap", patch.per_agent_cap),
+        ] {
+            if let Some(v) = v
+                && v < 0
+            {
+                return Err(bad_input(format!("{name} {v} must be 0 or more")));
+            }
+        }
+        self.write(|tx| {
+            require_goal(tx, goal_id)?;
+            let mut p = tx.quota_policy(goal_id)?.unwrap_or_default();
+            if let Some(v) = patch.compute {
+                p.compute = v;
+            }
+            if let Some(v) = patch.window_hours {
+                p.window_hours = v;
+            }
+            if let Some(v) = patch.slot_minutes {
+                p.slot_minutes = v;
+            }
+            if patch.clear_allowed_slots {
+                p.allowed_slots = None;
+            }
+            if let Some(v) = patch.allowed_slots {
+                p.allowed_slots = Some(v);
+            }
+            if patch.clear_per_agent_cap {
+                p.per_agent_cap = None;
+            }
+            if let Some(v) = patch.per_agent_cap {
+                p.per_agent_cap = Some(v);
+            }
+            tx.set_quota_policy(goal_id, &p)?;
+            log_op(tx, Some(goal_id), actor, "quota_set", json!(p))?;
+            view_in_tx(tx, goal_id, None, now_ms())
+        })
+    }
+
+    /// Records compute spent, once per effect id.
+    pub fn spend(&mut self, actor: &Actor, req: &SpendRequest) -> Result<SpendReceipt> {
+        if req.slots < 1 || req.slots > 10_000 {
+            return Err(bad_input(format!(
+                "--slots {} is out of range: use 1..=10000",
+                req.slots
+            )));
+        }
+        if let Some(a) = &req.agent_id {
+            validate_token("agent id", a)?;
+        }
+        if let Some(e) = &req.effect_id {
+            check_effect_id(e)?;
+        }
+        self.write(|tx| {
+            require_goal(tx, &req.goal_id)?;
+            let now = now_ms();
+            let (effect_id, run_id) = match &req.effect_id {
+                Some(e) => (e.clone(), None),
+                None => {
+                    let run = tx.latest_run(&req.goal_id, req.agent_id.as_deref())?.ok_or_else(|| {
+                        not_found(format!(
+                            "no run to spend for in goal '{}'{}: run `loopx refresh-state --goal-id {}` after the \
+                             work, or pass --effect-id",
+                            req.goal_id,
+                            req.agent_id.as_ref().map(|a| format!(" by agent '{a}'")).unwrap_or_default(),
+                            req.goal_id
+                        ))
+                    })?;
+                    (format!("run:{}", run.id), Some(run.id))
+                }
+            };
+            let before = view_in_tx(tx, &req.goal_id, req.agent_id.as_deref(), now)?;
+            if let Some(existing) = tx.ledger_entry(&effect_id)? {
+                if existing.goal_id != req.goal_id {
+                    return Err(crate::error::conflict(format!(
+                        "effect id '{effect_id}' was already used by goal '{}'",
+                        existing.goal_id
+                    )));
+                }
+                return Ok(SpendReceipt { entry: existing, idempotent_replay: true, after: before.clone(), before });
+            }
+            let entry = LedgerEntry {
+                effect_id: effect_id.clone(),
+                goal_id: req.goal_id.clone(),
+                agent_id: req.agent_id.clone(),
+                run_id,
+                slots: req.slots,
+                kind: LedgerKind::Spend,
+                voids_effect_id: None,
+                created_at: now,
+            };
+            tx.insert_ledger(&entry)?;
+            log_op(tx, Some(&req.goal_id), actor, "quota_spend", json!({"effect_id": effect_id, "slots": req.slots}))?;
+            let after = view_in_tx(tx, &req.goal_id, req.agent_id.as_deref(), now)?;
+            Ok(SpendReceipt { entry, idempotent_replay: false, before, after })
+        })
+    }
+
+    /// Cancels an earlier spend (operators only). Idempotent per voided effect id.
+    pub fn void_spend(
+        &mut self,
+        actor: &Actor,
+        goal_id: &str,
+        effect_id: &str,
+    ) -> Result<SpendReceipt> {
+        actor.require_operator("void a quota spend")?;
+        check_effect_id(effect_id)?;
+        self.write(|tx| {
+            require_goal(tx, goal_id)?;
+            let now = now_ms();
+            let spend = tx
+                .ledger_entry(effect_id)?
+                .filter(|e| e.goal_id == goal_id && e.kind == LedgerKind::Spend)
+                .ok_or_else(|| {
+                    not_found(format!(
+                        "no spend with effect id '{effect_id}' in goal '{goal_id}'"
+                    ))
+                })?;
+            let void_id = format!("void:{effect_id}");
+            let before = view_in_tx(tx, goal_id, None, now)?;
+            if let Some(existing) = tx.ledger_entry(&void_id)? {
+                return Ok(SpendReceipt {
+                    entry: existing,
+                    idempotent_replay: true,
+                    after: before.clone(),
+                    before,
+                });
+            }
+            let entry = LedgerEntry {
+                effect_id: void_id,
+                goal_id: goal_id.to_string(),
+                agent_id: spend.agent_id.clone(),
+                run_id: spend.run_id.clone(),
+                slots: -spend.slots,
+                kind: LedgerKind::Void,
+                voids_effect_id: Some(effect_id.to_string()),
+                // Dated like the spend it cancels, so it leaves the window together with it.
+                created_at: spend.created_at,
+            };
+            tx.insert_ledger(&entry)?;
+            log_op(
+                tx,
+                Some(goal_id),
+                actor,
+                "quota_void",
+                json!({"effect_id": effect_id}),
+            )?;
+            let after = view_in_tx(tx, goal_id, None, now)?;
+            Ok(SpendReceipt {
+                entry,
+                idempotent_replay: false,
+                before,
+                after,
+            })
+        })
+    }
+}

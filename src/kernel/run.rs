@@ -1,0 +1,237 @@
+//! Run log (layer 3) and run history with reward overlays (layer 4), plus `refresh-state` and
+//! `summary_all`, which read across layers.
+//!
+//! A run row is written in the same transaction as the state it describes; its JSON and Markdown
+//! reports are written once, after commit, and never changed. History is read newest-first through
+//! an index, so its cost does not grow with the number of rows.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::model::{Evidence, Goal, Reward, Run};
+use super::quota::{QuotaView, view_in_tx};
+use super::{Actor, Kernel, log_op, require_goal, require_todo};
+use crate::clock::now_ms;
+use crate::error::{Result, bad_input, not_found};
+use crate::ids::{new_ulid, validate_token};
+
+/// A `refresh-state` request: record a run for the goal and re-project its state files.
+#[derive(Debug, Clone, Default)]
+pub struct RefreshRequest {
+    pub goal_id: String,
+    pub agent_id: Option<String>,
+    pub todo_id: Option<String>,
+    pub classification: Option<String>,
+    pub outcome: Option<String>,
+    pub summary: Option<String>,
+}
+
+/// One history row: a run and the rewards laid over it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryEntry {
+    pub run: Run,
+    pub rewards: Vec<Reward>,
+}
+
+/// Everything `summary_all` reports for a goal.
+#[derive(Debug, Clone, Serialize)]
+pub struct GoalSummary {
+    pub goal: Goal,
+    pub todo_counts: Value,
+    pub run_count: i64,
+    pub latest_run: Option<Run>,
+    pub recent_evidence: Vec<Evidence>,
+    pub recent_rewards: Vec<Reward>,
+    pub quota: QuotaView,
+}
+
+fn counts_json(counts: &[(String, String, i64)]) -> Value {
+    let mut out = serde_json::Map::new();
+    for (role, status, n) in counts {
+        let entry = out.entry(role.clone()).or_insert_with(|| json!({}));
+        entry[status] = json!(n);
+    }
+    Value::Object(out)
+}
+
+impl Kernel {
+    /// Records a run and rewrites the goal's projections. Returns the run.
+    pub fn refresh_state(&mut self, actor: &Actor, req: &RefreshRequest) -> Result<Run> {
+        if let Some(a) = &req.agent_id {
+            validate_token("agent id", a)?;
+        }
+        let classification = req
+            .classification
+            .clone()
+            .unwrap_or_else(|| "state_refresh".to_string());
+        validate_token("classification", &classification)?;
+        if let Some(o) = &req.outcome {
+            validate_token("outcome", o)?;
+        }
+        let summary = req.summary.clone().unwrap_or_default();
+        if summary.len() > 16 * 1024 {
+            return Err(bad_input(format!(
+                "summary is {} bytes; the limit is 16384",
+                summary.len()
+            )));
+        }
+        let run = self.write(|tx| {
+            require_goal(tx, &req.goal_id)?;
+            let now = now_ms();
+            let todo = match &req.todo_id {
+                Some(t) => Some(require_todo(tx, &req.goal_id, t)?),
+                None => None,
+            };
+            let evidence = match &todo {
+                Some(t) => tx.evidence_for(&req.goal_id, &t.id)?,
+                None => Vec::new(),
+            };
+            let quota = view_in_tx(tx, &req.goal_id, req.agent_id.as_deref(), now)?;
+            let payload = json!({
+                "todo_counts": counts_json(&tx.todo_status_counts(&req.goal_id)?),
+                "todo": todo.as_ref().map(|t| json!({"id": t.id, "title": t.title, "status": t.status})),
+                "evidence": evidence.iter().map(super::projection::evidence_json).collect::<Vec<_>>(),
+                "quota": quota.to_json(),
+                "actor": actor.label(),
+            });
+            let summary = if summary.is_empty() {
+                match &todo {
+                    Some(t) => format!("{} is {}", t.id, t.status),
+                    None => "state refreshed".to_string(),
+                }
+            } else {
+                summary.clone()
+            };
+            let run = Run {
+                id: new_ulid(),
+                goal_id: req.goal_id.clone(),
+                agent_id: req.agent_id.clone(),
+                todo_id: req.todo_id.clone(),
+                classification: classification.clone(),
+                outcome: req.outcome.clone(),
+                summary,
+                payload,
+                created_at: now,
+            };
+            tx.insert_run(&run)?;
+            log_op(tx, Some(&req.goal_id), actor, "run_record", json!({"run_id": run.id}))?;
+            Ok(run)
+        })?;
+        self.write_run_report(&run)?;
+        self.write_goal_projection(&req.goal_id)?;
+        Ok(run)
+    }
+
+    /// Re-creates every projection from the database (registry, goal states, missing run
+    /// reports). Writes no rows.
+    pub fn reproject_all(&mut self) -> Result<usize> {
+        self.write_registry_projection()?;
+        let goals = self.goals()?;
+        let mut reports = 0;
+        for goal in &goals {
+            self.write_goal_projection(&goal.id)?;
+            let mut before: Option<String> = None;
+            loop {
+                let page = self.read(|tx| tx.runs(&goal.id, 500, before.as_deref()))?;
+                if page.is_empty() {
+                    break;
+                }
+                for run in &page {
+                    if !self.paths().run_json(&goal.id, &run.id).exists() {
+                        let _ = std::fs::remove_file(self.paths().run_md(&goal.id, &run.id));
+                        self.write_run_report(run)?;
+                        reports += 1;
+                    }
+                }
+                before = page.last().map(|r| r.id.clone());
+            }
+        }
+        Ok(reports)
+    }
+
+    /// Newest-first history page with reward overlays.
+    pub fn history(
+        &mut self,
+        goal_id: &str,
+        limit: usize,
+        before: Option<&str>,
+    ) -> Result<Vec<HistoryEntry>> {
+        if let Some(b) = before {
+            validate_token("run id", b)?;
+        }
+        self.read(|tx| {
+            require_goal(tx, goal_id)?;
+            let runs = tx.runs(goal_id, limit.clamp(1, 1000), before)?;
+            let ids: Vec<String> = runs.iter().map(|r| r.id.clone()).collect();
+            let mut rewards = tx.rewards_for_runs(goal_id, &ids)?;
+            Ok(runs
+                .into_iter()
+                .map(|run| {
+                    let (mine, rest): (Vec<Reward>, Vec<Reward>) =
+                        rewards.drain(..).partition(|r| r.run_id == run.id);
+                    rewards = rest;
+                    HistoryEntry { run, rewards: mine }
+                })
+                .collect())
+        })
+    }
+
+    /// Lays a human reward over a run. Operators only: rewards are human judgments.
+    pub fn add_reward(
+        &mut self,
+        actor: &Actor,
+        goal_id: &str,
+        run_id: &str,
+        score: f64,
+        comment: &str,
+    ) -> Result<Reward> {
+        actor.require_operator("add a reward")?;
+        validate_token("run id", run_id)?;
+        if !score.is_finite() || score.abs() > 1e6 {
+            return Err(bad_input(format!(
+                "--score {score} must be a finite number within ±1000000"
+            )));
+        }
+        if comment.len() > 4096 {
+            return Err(bad_input(format!(
+                "--comment is {} bytes; the limit is 4096",
+                comment.len()
+            )));
+        }
+        self.write(|tx| {
+            require_goal(tx, goal_id)?;
+            if tx.run(goal_id, run_id)?.is_none() {
+                return Err(not_found(format!(
+                    "unknown run '{run_id}' in goal '{goal_id}'; `loopx history --goal-id {goal_id}` lists its runs"
+                )));
+            }
+            let mut reward = Reward {
+                id: 0,
+                goal_id: goal_id.to_string(),
+                run_id: run_id.to_string(),
+                score,
+                comment: comment.to_string(),
+                actor: actor.label(),
+                created_at: now_ms(),
+            };
+            reward.id = tx.insert_reward(&reward)?;
+            log_op(tx, Some(goal_id), actor, "reward_add", json!({"run_id": run_id, "score": score}))?;
+            Ok(reward)
+        })
+    }
+
+    pub fn summary(&mut self, goal_id: &str) -> Result<GoalSummary> {
+        self.read(|tx| {
+            let goal = require_goal(tx, goal_id)?;
+            Ok(GoalSummary {
+                todo_counts: counts_json(&tx.todo_status_counts(goal_id)?),
+                run_count: tx.run_count(goal_id)?,
+                latest_run: tx.latest_run(goal_id, None)?,
+                recent_evidence: tx.recent_evidence(goal_id, 20)?,
+                recent_rewards: tx.recent_rewards(goal_id, 20)?,
+                quota: view_in_tx(tx, goal_id, None, now_ms())?,
+                goal,
+            })
+        })
+    }
+}

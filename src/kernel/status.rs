@@ -1,0 +1,222 @@
+//! The status / attention queue (layer 5): who must act next, derived on read, never stored.
+//!
+//! Operator items (gates, repairs, paused goals) come first because nothing moves until a person
+//! acts; then agent work that is ready; then goals that are merely waiting.
+
+use serde::Serialize;
+
+use super::decision::installed_capabilities;
+use super::model::{Goal, GoalStatus, Role, Todo, TodoKind, TodoStatus};
+use super::quota::{QuotaView, view_in_tx};
+use super::{Kernel, require_goal};
+use crate::clock::now_ms;
+use crate::error::Result;
+use crate::store::StoreTx;
+
+/// One entry of the attention queue.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttentionItem {
+    pub goal_id: String,
+    /// `operator` or `agent`.
+    pub who: &'static str,
+    /// `gate`, `user_action`, `repair`, `resume`, `quota`, `replan`, `work`.
+    pub kind: &'static str,
+    pub todo_id: Option<String>,
+    pub title: String,
+    pub reason: String,
+    /// Sort key: lower is more urgent.
+    #[serde(skip)]
+    rank: (u8, i64),
+}
+
+/// Per-goal overview shown under the queue.
+#[derive(Debug, Clone, Serialize)]
+pub struct GoalStatusView {
+    pub goal: Goal,
+    pub first_user_todo: Option<Todo>,
+    pub top_agent_todo: Option<Todo>,
+    pub ready_count: usize,
+    pub quota: QuotaView,
+    pub latest_run_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusReport {
+    pub attention: Vec<AttentionItem>,
+    pub goals: Vec<GoalStatusView>,
+}
+
+fn item(
+    goal: &str,
+    who: &'static str,
+    kind: &'static str,
+    todo: Option<&Todo>,
+    title: String,
+    reason: String,
+    rank: (u8, i64),
+) -> AttentionItem {
+    AttentionItem {
+        goal_id: goal.to_string(),
+        who,
+        kind,
+        todo_id: todo.map(|t| t.id.clone()),
+        title,
+        reason,
+        rank,
+    }
+}
+
+fn goal_status(
+    tx: &dyn StoreTx,
+    goal: Goal,
+    installed: &[String],
+    now: i64,
+    queue: &mut Vec<AttentionItem>,
+) -> Result<GoalStatusView> {
+    let gid = goal.id.clone();
+    let quota = view_in_tx(tx, &gid, None, now)?;
+    let user = tx.open_user_todos(&gid)?;
+    let ready = tx.ready_todos(&gid, now, 50)?;
+    let latest_run_id = tx.latest_run(&gid, None)?.map(|r| r.id);
+    let ready_count = ready.len();
+    if goal.status == GoalStatus::Paused {
+        queue.push(item(
+            &gid,
+            "operator",
+            "resume",
+            None,
+            goal.title.clone(),
+            "goal is paused".into(),
+            (2, 0),
+        ));
+    }
+    if goal.status == GoalStatus::Active {
+        for t in &user {
+            let (kind, rank) = if t.kind == TodoKind::UserGate {
+                ("gate", 0)
+            } else {
+                ("user_action", 3)
+            };
+            let scope = match &t.gate_scope {
+                Some(super::model::GateScope::BlocksAgent { agent_id }) => {
+                    format!("blocks agent '{agent_id}'")
+                }
+                Some(super::model::GateScope::Global) => "blocks every agent".into(),
+                None => "informs the operator".into(),
+            };
+            queue.push(item(
+                &gid,
+                "operator",
+                kind,
+                Some(t),
+                t.title.clone(),
+                scope,
+                (rank, t.priority.rank()),
+            ));
+        }
+        let missing: Vec<String> = tx
+            .bound_capabilities(&gid)?
+            .into_iter()
+            .filter(|c| !c.starts_with("builtin:") && !installed.contains(c))
+            .collect();
+        if !missing.is_empty() {
+            queue.push(item(
+                &gid,
+                "operator",
+                "repair",
+                None,
+                "install or enable capabilities".into(),
+                missing.join(", "),
+                (1, 0),
+            ));
+        }
+        if quota.state == "paused" {
+            queue.push(item(
+                &gid,
+                "operator",
+                "quota",
+                None,
+                "compute quota is 0".into(),
+                "automatic turns are paused".into(),
+                (2, 1),
+            ));
+        }
+        if let Some(t) = ready.first() {
+            let reason = if quota.state == "eligible" {
+                format!("{} ready todo(s)", ready_count)
+            } else {
+                format!("{} ready todo(s), quota {}", ready_count, quota.state)
+            };
+            queue.push(item(
+                &gid,
+                "agent",
+                "work",
+                Some(t),
+                t.title.clone(),
+                reason,
+                (4, t.priority.rank()),
+            ));
+        } else {
+            let counts = tx.todo_status_counts(&gid)?;
+            let pending = counts.iter().any(|(role, status, n)| {
+                role == Role::Agent.as_str()
+                    && *n > 0
+                    && TodoStatus::parse(status).is_ok_and(|s| !s.is_terminal())
+            });
+            if !pending && user.is_empty() {
+                queue.push(item(
+                    &gid,
+                    "operator",
+                    "replan",
+                    None,
+                    goal.title.clone(),
+                    "no open todos: add the next ones or close the goal".into(),
+                    (3, 9),
+                ));
+            }
+        }
+    }
+    let top_agent_todo = match ready.into_iter().next() {
+        Some(t) => Some(t),
+        None => tx
+            .todos(&gid)?
+            .into_iter()
+            .find(|t| t.role == Role::Agent && !t.status.is_terminal()),
+    };
+    Ok(GoalStatusView {
+        first_user_todo: user.into_iter().next(),
+        top_agent_todo,
+        ready_count,
+        quota,
+        latest_run_id,
+        goal,
+    })
+}
+
+impl Kernel {
+    /// The attention queue for one goal or every goal that is not closed.
+    pub fn status(&mut self, goal_id: Option<&str>) -> Result<StatusReport> {
+        self.read(|tx| {
+            let now = now_ms();
+            let installed = installed_capabilities(tx)?;
+            let goals = match goal_id {
+                Some(g) => vec![require_goal(tx, g)?],
+                None => tx
+                    .goals()?
+                    .into_iter()
+                    .filter(|g| g.status != GoalStatus::Closed)
+                    .collect(),
+            };
+            let mut attention = Vec::new();
+            let mut views = Vec::new();
+            for goal in goals {
+                views.push(goal_status(tx, goal, &installed, now, &mut attention)?);
+            }
+            attention.sort_by_key(|i| i.rank);
+            Ok(StatusReport {
+                attention,
+                goals: views,
+            })
+        })
+    }
+}

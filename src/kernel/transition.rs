@@ -1,0 +1,120 @@
+//! Typed transition proposals: the only thing a capability can hand the kernel.
+//!
+//! The set is deliberately closed. There is no variant that resolves a gate, spends quota, changes
+//! a claim or names another goal, so a capability cannot even express those writes; admission
+//! (`kernel::admission`) then checks each proposal against current state before one transaction
+//! commits the accepted ones.
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{Priority, TodoKind};
+
+/// Largest text a proposal may carry in any one field, in bytes.
+pub const MAX_PROPOSAL_TEXT: usize = 8 * 1024;
+/// Most proposals admitted from one capability call.
+pub const MAX_PROPOSALS_PER_CALL: usize = 256;
+
+/// A change a capability asks the kernel to make to the goal it was invoked on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Transition {
+    /// Add an agent todo. `id` lets a capability name it (so re-proposing is idempotent and later
+    /// proposals in the same batch can depend on it); the kernel generates one when absent.
+    AddTodo {
+        id: Option<String>,
+        title: String,
+        detail: String,
+        priority: Priority,
+        kind: TodoKind,
+        lane: Option<String>,
+        depends_on: Vec<String>,
+        capability: Option<String>,
+    },
+    /// Attach evidence to a todo of this goal.
+    AttachEvidence {
+        todo_id: String,
+        text: String,
+        artifact_path: Option<String>,
+        artifact_digest: Option<String>,
+    },
+    /// Mark a todo completed (the calling agent must hold its lease if it is claimed).
+    CompleteTodo {
+        todo_id: String,
+        evidence: Option<String>,
+    },
+    /// Mark a todo blocked, with the reason.
+    BlockTodo { todo_id: String, reason: String },
+    /// Defer a todo, with the reason.
+    DeferTodo { todo_id: String, reason: String },
+    /// Open a user gate (blocking) or user action (informing). Only an operator can resolve it.
+    OpenUserGate {
+        title: String,
+        detail: String,
+        blocking: bool,
+        blocks_agent: Option<String>,
+    },
+    /// Ask for a replan of the goal's todo graph.
+    RequestReplan { reason: String },
+    /// Ask the scheduler to look again after a delay.
+    ScheduleWake { after_seconds: u64, reason: String },
+    /// Explicitly propose nothing, saying why.
+    NoChange { reason: String },
+}
+
+impl Transition {
+    /// The wire name of the variant, used in verdicts and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Transition::AddTodo { .. } => "add_todo",
+            Transition::AttachEvidence { .. } => "attach_evidence",
+            Transition::CompleteTodo { .. } => "complete_todo",
+            Transition::BlockTodo { .. } => "block_todo",
+            Transition::DeferTodo { .. } => "defer_todo",
+            Transition::OpenUserGate { .. } => "open_user_gate",
+            Transition::RequestReplan { .. } => "request_replan",
+            Transition::ScheduleWake { .. } => "schedule_wake",
+            Transition::NoChange { .. } => "no_change",
+        }
+    }
+}
+
+/// Who proposed a batch, and on whose behalf: admission checks leases against `agent_id`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProposalSource {
+    pub goal_id: String,
+    /// The agent whose turn produced the observations, when there is one.
+    pub agent_id: Option<String>,
+    /// `builtin:default` or `<extension>/<capability>`.
+    pub capability: String,
+    /// The turn the batch belongs to, when driven by the turn driver.
+    pub turn_key: Option<String>,
+}
+
+/// The kernel's decision on one proposal.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Verdict {
+    pub index: usize,
+    pub transition: String,
+    pub accepted: bool,
+    /// Why it was refused, or what acceptance did (e.g. "created todo_x").
+    pub reason: String,
+    /// The todo the proposal created or touched, when there is one.
+    pub todo_id: Option<String>,
+}
+
+/// Outcome of admitting one batch.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AdmissionReport {
+    pub goal_id: String,
+    pub capability: String,
+    pub dry_run: bool,
+    pub verdicts: Vec<Verdict>,
+    pub accepted: usize,
+    pub refused: usize,
+    /// The run row recording the batch (absent on dry runs).
+    pub run_id: Option<String>,
+    /// Set when a proposal asked for a replan.
+    pub replan_requested: bool,
+    /// Seconds until the capability asked to be woken, when it did.
+    pub wake_after_seconds: Option<u64>,
+}

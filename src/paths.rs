@@ -1,0 +1,110 @@
+//! Where a project's state lives, and how a command finds it.
+//!
+//! One project root holds `.loopx/` (found upward from the working directory unless `--root` or
+//! `LOOPX_ROOT` names it). Every path the kernel writes is derived here, so "what does LoopX put on
+//! disk" has one answer.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Result, not_found};
+
+pub const STATE_DIR: &str = ".loopx";
+pub const DB_FILE: &str = "loopx.db";
+
+/// The resolved locations of one project's `.loopx/` tree.
+#[derive(Debug, Clone)]
+pub struct ProjectPaths {
+    /// The project directory (parent of `.loopx/`).
+    pub project: PathBuf,
+    /// The `.loopx/` directory itself.
+    pub state: PathBuf,
+}
+
+impl ProjectPaths {
+    /// Paths for a project rooted at `project` (which need not exist yet).
+    pub fn at(project: &Path) -> ProjectPaths {
+        let project = if project.file_name().is_some_and(|n| n == STATE_DIR) {
+            project
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| project.to_path_buf())
+        } else {
+            project.to_path_buf()
+        };
+        let state = project.join(STATE_DIR);
+        ProjectPaths { project, state }
+    }
+
+    /// Resolves the project: an explicit root (flag or `LOOPX_ROOT`) must contain `.loopx/`;
+    /// otherwise search upward from `cwd`. Never creates anything.
+    pub fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<ProjectPaths> {
+        if let Some(root) = explicit {
+            let paths = ProjectPaths::at(&absolutize(root, cwd));
+            if paths.state.join(DB_FILE).is_file() {
+                return Ok(paths);
+            }
+            return Err(not_found(format!(
+                "no LoopX project at {} (missing {}); run `loopx init --root {}` first",
+                paths.project.display(),
+                paths.db().display(),
+                paths.project.display()
+            )));
+        }
+        let mut dir = Some(cwd);
+        while let Some(d) = dir {
+            let candidate = ProjectPaths::at(d);
+            if candidate.db().is_file() {
+                return Ok(candidate);
+            }
+            dir = d.parent();
+        }
+        Err(not_found(format!(
+            "no LoopX project found in {} or any parent; run `loopx init` there, or pass --root / set LOOPX_ROOT",
+            cwd.display()
+        )))
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.state.join(DB_FILE)
+    }
+    pub fn registry(&self) -> PathBuf {
+        self.state.join("registry.json")
+    }
+    pub fn goals_dir(&self) -> PathBuf {
+        self.state.join("goals")
+    }
+    pub fn goal_dir(&self, goal_id: &str) -> PathBuf {
+        self.goals_dir().join(goal_id)
+    }
+    pub fn goal_state_json(&self, goal_id: &str) -> PathBuf {
+        self.goal_dir(goal_id).join("state.json")
+    }
+    pub fn goal_state_md(&self, goal_id: &str) -> PathBuf {
+        self.goal_dir(goal_id).join("STATE.md")
+    }
+    pub fn runs_dir(&self, goal_id: &str) -> PathBuf {
+        self.goal_dir(goal_id).join("runs")
+    }
+    pub fn run_json(&self, goal_id: &str, run_id: &str) -> PathBuf {
+        self.runs_dir(goal_id).join(format!("{run_id}.json"))
+    }
+    pub fn run_md(&self, goal_id: &str, run_id: &str) -> PathBuf {
+        self.runs_dir(goal_id).join(format!("{run_id}.md"))
+    }
+    /// Installed extension components, one directory per extension and revision.
+    pub fn extensions_dir(&self) -> PathBuf {
+        self.state.join("extensions")
+    }
+    /// Precompiled component cache (operator-owned; keyed by content hash and engine).
+    pub fn component_cache_dir(&self) -> PathBuf {
+        self.state.join("cache").join("components")
+    }
+}
+
+fn absolutize(path: &Path, cwd: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        cwd.join(path)
+    }
+}

@@ -1,0 +1,152 @@
+//! Numbered schema migrations. Each runs once, in order, inside the transaction that records it in
+//! `schema_migrations`; a database newer than this binary is refused rather than guessed at.
+
+/// (version, SQL). Append only: never edit a migration that has shipped.
+pub const MIGRATIONS: &[(i64, &str)] = &[(1, V1)];
+
+const V1: &str = r#"
+CREATE TABLE goals (
+    id TEXT PRIMARY KEY,
+    title TEXT NOT NULL,
+    objective TEXT NOT NULL,
+    success_criteria TEXT NOT NULL DEFAULT '[]',
+    status TEXT NOT NULL,
+    project_dir TEXT,
+    next_probe TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+
+CREATE TABLE todos (
+    goal_id TEXT NOT NULL REFERENCES goals(id),
+    id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    title TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    capability TEXT,
+    lane TEXT,
+    gate_scope TEXT,
+    claim_agent TEXT,
+    claim_fence INTEGER,
+    claim_expires_at INTEGER,
+    claim_key TEXT,
+    claimed_at INTEGER,
+    last_fence INTEGER NOT NULL DEFAULT 0,
+    status_reason TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (goal_id, id)
+) WITHOUT ROWID;
+CREATE INDEX todos_by_status ON todos(goal_id, status, priority, seq);
+CREATE INDEX todos_by_claim ON todos(goal_id, claim_agent);
+
+CREATE TABLE todo_deps (
+    goal_id TEXT NOT NULL,
+    todo_id TEXT NOT NULL,
+    depends_on TEXT NOT NULL,
+    PRIMARY KEY (goal_id, todo_id, depends_on)
+) WITHOUT ROWID;
+
+CREATE TABLE evidence (
+    id INTEGER PRIMARY KEY,
+    goal_id TEXT NOT NULL,
+    todo_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    artifact_path TEXT,
+    artifact_digest TEXT,
+    run_id TEXT,
+    actor TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX evidence_by_todo ON evidence(goal_id, todo_id, id);
+
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    goal_id TEXT NOT NULL,
+    agent_id TEXT,
+    todo_id TEXT,
+    classification TEXT NOT NULL,
+    outcome TEXT,
+    summary TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX runs_by_goal ON runs(goal_id, id);
+CREATE INDEX runs_by_agent ON runs(goal_id, agent_id, id);
+
+CREATE TABLE rewards (
+    id INTEGER PRIMARY KEY,
+    goal_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    score REAL NOT NULL,
+    comment TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX rewards_by_run ON rewards(goal_id, run_id);
+
+CREATE TABLE quota_policy (
+    goal_id TEXT PRIMARY KEY,
+    compute REAL NOT NULL,
+    window_hours REAL NOT NULL,
+    slot_minutes REAL NOT NULL,
+    allowed_slots INTEGER,
+    per_agent_cap INTEGER
+);
+
+CREATE TABLE quota_ledger (
+    effect_id TEXT PRIMARY KEY,
+    goal_id TEXT NOT NULL,
+    agent_id TEXT,
+    run_id TEXT,
+    slots INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    voids_effect_id TEXT,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX ledger_by_time ON quota_ledger(goal_id, created_at);
+
+CREATE TABLE ops (
+    id TEXT PRIMARY KEY,
+    goal_id TEXT,
+    actor TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX ops_by_goal ON ops(goal_id, id);
+
+CREATE TABLE extensions (
+    id TEXT PRIMARY KEY,
+    active_revision INTEGER NOT NULL,
+    enabled INTEGER NOT NULL
+);
+CREATE TABLE extension_revisions (
+    id TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    version TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    grants TEXT NOT NULL,
+    install_dir TEXT NOT NULL,
+    component_hashes TEXT NOT NULL,
+    installed_at INTEGER NOT NULL,
+    PRIMARY KEY (id, revision)
+);
+
+CREATE TABLE turns (
+    turn_key TEXT PRIMARY KEY,
+    goal_id TEXT NOT NULL,
+    agent_id TEXT NOT NULL,
+    todo_id TEXT,
+    status TEXT NOT NULL,
+    phases TEXT NOT NULL,
+    data TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX turns_unsettled ON turns(status, goal_id);
+"#;

@@ -1,0 +1,135 @@
+//! The `Store` trait: the only path to durable state.
+//!
+//! The kernel decides; the store persists. Every kernel command runs inside exactly one store
+//! transaction (`begin_write` takes the write lock up front, like SQLite's `BEGIN IMMEDIATE`), so a
+//! command either happens completely or not at all. Keeping SQL behind this trait is what lets a
+//! PostgreSQL backend be an addition rather than a rewrite (DESIGN §2).
+
+mod migrations;
+mod sqlite;
+
+pub use sqlite::SqliteStore;
+
+use crate::error::Result;
+use crate::kernel::model::{
+    Evidence, ExtensionRecord, Goal, GoalStatus, LedgerEntry, QuotaPolicy, Reward, Run, Todo,
+};
+
+/// One entry of the operation log: every committed kernel mutation appends exactly one, in the
+/// same transaction as the change it describes, so the log can never disagree with the state.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct OpRecord {
+    pub id: String,
+    pub goal_id: Option<String>,
+    pub actor: String,
+    pub kind: String,
+    pub detail: serde_json::Value,
+    pub created_at: i64,
+}
+
+/// A durable journal row for one agent turn (see `turn`), keyed by turn key.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct TurnRecord {
+    pub turn_key: String,
+    pub goal_id: String,
+    pub agent_id: String,
+    pub todo_id: Option<String>,
+    /// `in_progress`, `committed`, `stopped` or `failed`.
+    pub status: String,
+    /// Phases committed so far, in order.
+    pub phases: Vec<String>,
+    /// Everything the driver needs to resume: request, host result, verdicts, result kind.
+    pub data: serde_json::Value,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A backend that can open read snapshots and serialized write transactions.
+pub trait Store {
+    /// A consistent read snapshot. Never writes, never takes the write lock.
+    fn begin_read(&mut self) -> Result<Box<dyn StoreTx + '_>>;
+    /// A write transaction holding the store's write lock from the start.
+    fn begin_write(&mut self) -> Result<Box<dyn StoreTx + '_>>;
+    /// Full integrity check (slow; for `doctor`). Returns the problems found.
+    fn integrity_check(&mut self) -> Result<Vec<String>>;
+    /// Schema version the store is at.
+    fn schema_version(&mut self) -> Result<i64>;
+}
+
+/// Queries and writes inside one transaction. Write methods fail on a read snapshot.
+pub trait StoreTx {
+    fn commit(self: Box<Self>) -> Result<()>;
+
+    // Goals (layer 1 registry + layer 2 goal state).
+    fn insert_goal(&self, goal: &Goal) -> Result<()>;
+    fn goal(&self, id: &str) -> Result<Option<Goal>>;
+    fn goals(&self) -> Result<Vec<Goal>>;
+    fn update_goal(&self, goal: &Goal) -> Result<()>;
+    fn goal_ids_with_status(&self, status: GoalStatus) -> Result<Vec<String>>;
+
+    // Todos, dependencies, claims.
+    fn insert_todo(&self, todo: &Todo) -> Result<()>;
+    fn update_todo(&self, todo: &Todo) -> Result<()>;
+    fn todo(&self, goal_id: &str, todo_id: &str) -> Result<Option<Todo>>;
+    fn todos(&self, goal_id: &str) -> Result<Vec<Todo>>;
+    fn todo_count(&self, goal_id: &str) -> Result<i64>;
+    /// Agent todos that are claimable at `now` with every dependency terminal, best first
+    /// (priority, then creation order). Gates are not considered here.
+    /// A dependency is met only by a `completed` todo (an archived one, such as a rejected gate,
+    /// keeps its dependents waiting).
+    fn ready_todos(&self, goal_id: &str, now: i64, limit: usize) -> Result<Vec<Todo>>;
+    /// The todo `agent_id` holds a live claim on, if any (best first).
+    fn claimed_by(&self, goal_id: &str, agent_id: &str, now: i64) -> Result<Option<Todo>>;
+    /// Open `user_gate`/`user_action` todos of a goal.
+    fn open_user_todos(&self, goal_id: &str) -> Result<Vec<Todo>>;
+    /// Counts of a goal's todos per (role, status).
+    fn todo_status_counts(&self, goal_id: &str) -> Result<Vec<(String, String, i64)>>;
+    /// Capabilities named by non-terminal todos of a goal.
+    fn bound_capabilities(&self, goal_id: &str) -> Result<Vec<String>>;
+
+    // Evidence.
+    fn insert_evidence(&self, evidence: &Evidence) -> Result<i64>;
+    fn evidence_for(&self, goal_id: &str, todo_id: &str) -> Result<Vec<Evidence>>;
+    fn recent_evidence(&self, goal_id: &str, limit: usize) -> Result<Vec<Evidence>>;
+
+    // Run log (layer 3) and history with reward overlays (layer 4).
+    fn insert_run(&self, run: &Run) -> Result<()>;
+    fn run(&self, goal_id: &str, run_id: &str) -> Result<Option<Run>>;
+    /// Newest first, at most `limit`, strictly older than `before` when given.
+    fn runs(&self, goal_id: &str, limit: usize, before: Option<&str>) -> Result<Vec<Run>>;
+    fn latest_run(&self, goal_id: &str, agent_id: Option<&str>) -> Result<Option<Run>>;
+    fn run_count(&self, goal_id: &str) -> Result<i64>;
+    fn insert_reward(&self, reward: &Reward) -> Result<i64>;
+    fn rewards_for_runs(&self, goal_id: &str, run_ids: &[String]) -> Result<Vec<Reward>>;
+    fn recent_rewards(&self, goal_id: &str, limit: usize) -> Result<Vec<Reward>>;
+
+    // Quota (layer 6).
+    fn quota_policy(&self, goal_id: &str) -> Result<Option<QuotaPolicy>>;
+    fn set_quota_policy(&self, goal_id: &str, policy: &QuotaPolicy) -> Result<()>;
+    fn ledger_entry(&self, effect_id: &str) -> Result<Option<LedgerEntry>>;
+    /// Inserts a ledger row; returns false (and writes nothing) when the effect id exists.
+    fn insert_ledger(&self, entry: &LedgerEntry) -> Result<bool>;
+    /// Net slots (spends minus voids) recorded at or after `since`, optionally for one agent.
+    fn spent_since(&self, goal_id: &str, since: i64, agent_id: Option<&str>) -> Result<i64>;
+    /// Oldest spend time at or after `since` (when the window frees its next slot).
+    fn oldest_spend_since(&self, goal_id: &str, since: i64) -> Result<Option<i64>>;
+    fn recent_ledger(&self, goal_id: &str, limit: usize) -> Result<Vec<LedgerEntry>>;
+
+    // Operation log.
+    fn append_op(&self, op: &OpRecord) -> Result<()>;
+    fn ops(&self, goal_id: Option<&str>, limit: usize) -> Result<Vec<OpRecord>>;
+
+    // Extensions (layer 1 registry).
+    fn upsert_extension(&self, record: &ExtensionRecord) -> Result<()>;
+    fn extension(&self, id: &str) -> Result<Option<ExtensionRecord>>;
+    fn extensions(&self) -> Result<Vec<ExtensionRecord>>;
+    /// Every recorded revision of an extension, newest first.
+    fn extension_revisions(&self, id: &str) -> Result<Vec<ExtensionRecord>>;
+    fn set_extension_active(&self, id: &str, revision: Option<i64>, enabled: bool) -> Result<()>;
+    fn delete_extension(&self, id: &str) -> Result<()>;
+
+    // Turn journal.
+    fn turn(&self, turn_key: &str) -> Result<Option<TurnRecord>>;
+    fn upsert_turn(&self, turn: &TurnRecord) -> Result<()>;
+    fn unsettled_turns(&self, goal_id: Option<&str>) -> Result<Vec<TurnRecord>>;
+}

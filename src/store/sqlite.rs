@@ -1,0 +1,1116 @@
+//! SQLite implementation of [`Store`]: WAL, `synchronous=FULL`, `BEGIN IMMEDIATE` per command.
+//!
+//! WAL lets readers (`quota should-run`, `status`) run beside the single writer; `synchronous=FULL`
+//! makes every reported success survive power loss; taking the write lock at `BEGIN` means two
+//! claimers serialize instead of one failing with a stale-snapshot upgrade error.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{
+    Connection, ErrorCode, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior,
+    params,
+};
+
+use super::migrations::MIGRATIONS;
+use super::{OpRecord, Store, StoreTx, TurnRecord};
+use crate::error::{LoopxError, Result, conflict};
+use crate::kernel::model::{
+    Claim, Evidence, ExtensionRecord, GateScope, Goal, GoalStatus, LedgerEntry, LedgerKind,
+    Priority, QuotaPolicy, Reward, Role, Run, Todo, TodoKind, TodoStatus,
+};
+
+/// How long a writer waits for the write lock before reporting a conflict.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct SqliteStore {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// Classifies a SQLite failure: damage is `Corrupt` (exit 5, names the file), lock timeouts are
+/// `Conflict`, everything else is internal.
+fn map_err(path: &Path, context: &str, err: rusqlite::Error) -> LoopxError {
+    if let rusqlite::Error::SqliteFailure(e, _) = &err {
+        match e.code {
+            ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
+                return LoopxError::Corrupt {
+                    path: path.to_path_buf(),
+                    detail: format!(
+                        "{err} (while {context}); restore it from a backup or move it aside and run `loopx init`"
+                    ),
+                };
+            }
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                return conflict(format!(
+                    "the store {} is busy ({context}); retry",
+                    path.display()
+                ));
+            }
+            _ => {}
+        }
+    }
+    LoopxError::internal(format!("{context} in {}", path.display()), err)
+}
+
+impl SqliteStore {
+    /// Creates the database (and runs migrations). Fails if it already exists.
+    pub fn create(path: &Path) -> Result<SqliteStore> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| map_err(path, "creating the database", e))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| map_err(path, "enabling WAL", e))?;
+        let mut store = SqliteStore {
+            conn,
+            path: path.to_path_buf(),
+        };
+        store.configure()?;
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// Opens an existing database. Never creates one: a missing file is `NotFound`.
+    pub fn open(path: &Path) -> Result<SqliteStore> {
+        if !path.is_file() {
+            return Err(crate::error::not_found(format!(
+                "no LoopX database at {}; run `loopx init` in the project first",
+                path.display()
+            )));
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| map_err(path, "opening the database", e))?;
+        let mut store = SqliteStore {
+            conn,
+            path: path.to_path_buf(),
+        };
+        store.configure()?;
+        store.migrate()?;
+        Ok(store)
+    }
+
+    fn configure(&mut self) -> Result<()> {
+        let path = self.path.clone();
+        self.conn
+            .busy_timeout(BUSY_TIMEOUT)
+            .map_err(|e| map_err(&path, "setting busy timeout", e))?;
+        self.conn
+            .execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")
+            .map_err(|e| map_err(&path, "configuring the connection", e))?;
+        Ok(())
+    }
+
+    /// Brings the schema up to date. Reads `user_version` first so an up-to-date database (the
+    /// common case) costs one read and takes no write lock.
+    fn migrate(&mut self) -> Result<()> {
+        let path = self.path.clone();
+        let current = self.current_version()?;
+        let latest = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+        if current > latest {
+            return Err(LoopxError::Corrupt {
+                path,
+                detail: format!(
+                    "schema version {current} is newer than this loopx supports ({latest}); upgrade loopx"
+                ),
+            });
+        }
+        if current == latest {
+            return Ok(());
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| map_err(&path, "starting migration", e))?;
+        // Re-read under the write lock: another process may have migrated meanwhile.
+        let current: i64 = tx
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| map_err(&path, "reading schema version", e))?;
+        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+            tx.execute_batch(sql)
+                .map_err(|e| map_err(&path, &format!("applying migration {version}"), e))?;
+            tx.pragma_update(None, "user_version", version)
+                .map_err(|e| map_err(&path, "recording migration", e))?;
+        }
+        tx.commit()
+            .map_err(|e| map_err(&path, "committing migration", e))
+    }
+
+    fn current_version(&self) -> Result<i64> {
+        self.conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| map_err(&self.path, "reading schema version", e))
+    }
+}
+
+impl Store for SqliteStore {
+    fn begin_read(&mut self) -> Result<Box<dyn StoreTx + '_>> {
+        let path = &self.path;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Deferred)
+            .map_err(|e| map_err(path, "starting a read", e))?;
+        Ok(Box::new(SqliteTx {
+            tx,
+            path,
+            writable: false,
+        }))
+    }
+
+    fn begin_write(&mut self) -> Result<Box<dyn StoreTx + '_>> {
+        let path = &self.path;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| map_err(path, "taking the write lock", e))?;
+        Ok(Box::new(SqliteTx {
+            tx,
+            path,
+            writable: true,
+        }))
+    }
+
+    fn integrity_check(&mut self) -> Result<Vec<String>> {
+        let path = self.path.clone();
+        let mut stmt = self
+            .conn
+            .prepare("PRAGMA integrity_check")
+            .map_err(|e| map_err(&path, "running integrity_check", e))?;
+        let rows: Vec<String> = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| map_err(&path, "running integrity_check", e))?;
+        Ok(rows.into_iter().filter(|r| r != "ok").collect())
+    }
+
+    fn schema_version(&mut self) -> Result<i64> {
+        self.current_version()
+    }
+}
+
+struct SqliteTx<'a> {
+    tx: Transaction<'a>,
+    path: &'a Path,
+    writable: bool,
+}
+
+const TODO_COLUMNS: &str = "goal_id, id, role, kind, title, detail, priority, status, capability, lane, gate_scope, \
+     claim_agent, claim_fence, claim_expires_at, claim_key, claimed_at, last_fence, status_reason, created_at, updated_at";
+
+fn text_enum<T>(row: &Row, idx: usize, parse: fn(&str) -> Result<T>) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    parse(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn json_col<T: serde::de::DeserializeOwned>(row: &Row, idx: usize) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn todo_from_row(row: &Row) -> rusqlite::Result<Todo> {
+    let claim = match row.get::<_, Option<String>>(11)? {
+        Some(agent_id) => Some(Claim {
+            agent_id,
+            fence: row.get(12)?,
+            expires_at: row.get(13)?,
+            idempotency_key: row.get(14)?,
+            claimed_at: row.get(15)?,
+        }),
+        None => None,
+    };
+    let gate_scope: Option<String> = row.get(10)?;
+    let gate_scope = match gate_scope {
+        Some(text) => Some(serde_json::from_str::<GateScope>(&text).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(10, rusqlite::types::Type::Text, Box::new(e))
+        })?),
+        None => None,
+    };
+    Ok(Todo {
+        goal_id: row.get(0)?,
+        id: row.get(1)?,
+        role: text_enum(row, 2, Role::parse)?,
+        kind: text_enum(row, 3, TodoKind::parse)?,
+        title: row.get(4)?,
+        detail: row.get(5)?,
+        priority: Priority::from_rank(row.get(6)?),
+        status: text_enum(row, 7, TodoStatus::parse)?,
+        capability: row.get(8)?,
+        lane: row.get(9)?,
+        gate_scope,
+        claim,
+        depends_on: Vec::new(),
+        last_fence: row.get(16)?,
+        status_reason: row.get(17)?,
+        created_at: row.get(18)?,
+        updated_at: row.get(19)?,
+    })
+}
+
+fn goal_from_row(row: &Row) -> rusqlite::Result<Goal> {
+    Ok(Goal {
+        id: row.get(0)?,
+        title: row.get(1)?,
+        objective: row.get(2)?,
+        success_criteria: json_col(row, 3)?,
+        status: text_enum(row, 4, GoalStatus::parse)?,
+        project_dir: row.get(5)?,
+        next_probe: row.get(6)?,
+        created_at: row.get(7)?,
+        updated_at: row.get(8)?,
+    })
+}
+
+const GOAL_COLUMNS: &str = "id, title, objective, success_criteria, status, project_dir, next_probe, created_at, updated_at";
+
+fn run_from_row(row: &Row) -> rusqlite::Result<Run> {
+    Ok(Run {
+        id: row.get(0)?,
+        goal_id: row.get(1)?,
+        agent_id: row.get(2)?,
+        todo_id: row.get(3)?,
+        classification: row.get(4)?,
+        outcome: row.get(5)?,
+        summary: row.get(6)?,
+        payload: json_col(row, 7)?,
+        created_at: row.get(8)?,
+    })
+}
+
+const RUN_COLUMNS: &str =
+    "id, goal_id, agent_id, todo_id, classification, outcome, summary, payload, created_at";
+
+fn evidence_from_row(row: &Row) -> rusqlite::Result<Evidence> {
+    Ok(Evidence {
+        id: row.get(0)?,
+        goal_id: row.get(1)?,
+        todo_id: row.get(2)?,
+        text: row.get(3)?,
+        artifact_path: row.get(4)?,
+        artifact_digest: row.get(5)?,
+        run_id: row.get(6)?,
+        actor: row.get(7)?,
+        created_at: row.get(8)?,
+    })
+}
+
+const EVIDENCE_COLUMNS: &str =
+    "id, goal_id, todo_id, text, artifact_path, artifact_digest, run_id, actor, created_at";
+
+fn reward_from_row(row: &Row) -> rusqlite::Result<Reward> {
+    Ok(Reward {
+        id: row.get(0)?,
+        goal_id: row.get(1)?,
+        run_id: row.get(2)?,
+        score: row.get(3)?,
+        comment: row.get(4)?,
+        actor: row.get(5)?,
+        created_at: row.get(6)?,
+    })
+}
+
+fn ledger_from_row(row: &Row) -> rusqlite::Result<LedgerEntry> {
+    Ok(LedgerEntry {
+        effect_id: row.get(0)?,
+        goal_id: row.get(1)?,
+        agent_id: row.get(2)?,
+        run_id: row.get(3)?,
+        slots: row.get(4)?,
+        kind: text_enum(row, 5, LedgerKind::parse)?,
+        voids_effect_id: row.get(6)?,
+        created_at: row.get(7)?,
+    })
+}
+
+const LEDGER_COLUMNS: &str =
+    "effect_id, goal_id, agent_id, run_id, slots, kind, voids_effect_id, created_at";
+
+fn extension_from_row(row: &Row) -> rusqlite::Result<ExtensionRecord> {
+    Ok(ExtensionRecord {
+        id: row.get(0)?,
+        revision: row.get(1)?,
+        version: row.get(2)?,
+        manifest: json_col(row, 3)?,
+        grants: json_col(row, 4)?,
+        install_dir: row.get(5)?,
+        component_hashes: json_col(row, 6)?,
+        installed_at: row.get(7)?,
+        enabled: row.get::<_, Option<bool>>(8)?.unwrap_or(false),
+    })
+}
+
+fn turn_from_row(row: &Row) -> rusqlite::Result<TurnRecord> {
+    Ok(TurnRecord {
+        turn_key: row.get(0)?,
+        goal_id: row.get(1)?,
+        agent_id: row.get(2)?,
+        todo_id: row.get(3)?,
+        status: row.get(4)?,
+        phases: json_col(row, 5)?,
+        data: json_col(row, 6)?,
+        created_at: row.get(7)?,
+        updated_at: row.get(8)?,
+    })
+}
+
+const TURN_COLUMNS: &str =
+    "turn_key, goal_id, agent_id, todo_id, status, phases, data, created_at, updated_at";
+
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("kernel records always serialize")
+}
+
+impl SqliteTx<'_> {
+    fn err(&self, context: &str) -> impl FnOnce(rusqlite::Error) -> LoopxError + '_ {
+        let context = context.to_string();
+        move |e| map_err(self.path, &context, e)
+    }
+
+    fn ensure_writable(&self) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(LoopxError::internal(
+                "store write",
+                anyhow::anyhow!("write attempted inside a read snapshot"),
+            ))
+        }
+    }
+
+    fn deps_of(&self, goal_id: &str, todo_id: &str) -> Result<Vec<String>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached("SELECT depends_on FROM todo_deps WHERE goal_id = ?1 AND todo_id = ?2 ORDER BY depends_on")
+            .map_err(self.err("reading dependencies"))?;
+        let deps = stmt
+            .query_map(params![goal_id, todo_id], |r| r.get(0))
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("reading dependencies"))?;
+        Ok(deps)
+    }
+
+    fn with_deps(&self, mut todos: Vec<Todo>) -> Result<Vec<Todo>> {
+        for todo in &mut todos {
+            todo.depends_on = self.deps_of(&todo.goal_id, &todo.id)?;
+        }
+        Ok(todos)
+    }
+
+    fn query_todos(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+        context: &str,
+    ) -> Result<Vec<Todo>> {
+        let mut stmt = self.tx.prepare_cached(sql).map_err(self.err(context))?;
+        let todos: Vec<Todo> = stmt
+            .query_map(params, todo_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err(context))?;
+        self.with_deps(todos)
+    }
+
+    fn write_todo(&self, todo: &Todo, insert: bool) -> Result<()> {
+        self.ensure_writable()?;
+        let gate_scope = todo.gate_scope.as_ref().map(to_json);
+        let claim = todo.claim.as_ref();
+        let values = params![
+            todo.goal_id,
+            todo.id,
+            todo.role.as_str(),
+            todo.kind.as_str(),
+            todo.title,
+            todo.detail,
+            todo.priority.rank(),
+            todo.status.as_str(),
+            todo.capability,
+            todo.lane,
+            gate_scope,
+            claim.map(|c| c.agent_id.clone()),
+            claim.map(|c| c.fence),
+            claim.map(|c| c.expires_at),
+            claim.map(|c| c.idempotency_key.clone()),
+            claim.map(|c| c.claimed_at),
+            todo.last_fence,
+            todo.status_reason,
+            todo.created_at,
+            todo.updated_at,
+        ];
+        if insert {
+            let sql = format!(
+                "INSERT INTO todos ({TODO_COLUMNS}, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, \
+                 ?14, ?15, ?16, ?17, ?18, ?19, ?20, (SELECT COALESCE(MAX(seq), 0) + 1 FROM todos WHERE goal_id = ?1))"
+            );
+            self.tx
+                .prepare_cached(&sql)
+                .and_then(|mut s| s.execute(values))
+                .map_err(self.err("inserting a todo"))?;
+            let mut dep = self
+                .tx
+                .prepare_cached("INSERT OR IGNORE INTO todo_deps (goal_id, todo_id, depends_on) VALUES (?1, ?2, ?3)")
+                .map_err(self.err("inserting dependencies"))?;
+            for d in &todo.depends_on {
+                dep.execute(params![todo.goal_id, todo.id, d])
+                    .map_err(self.err("inserting dependencies"))?;
+            }
+        } else {
+            let sql = "UPDATE todos SET role = ?3, kind = ?4, title = ?5, detail = ?6, priority = ?7, status = ?8, \
+                 capability = ?9, lane = ?10, gate_scope = ?11, claim_agent = ?12, claim_fence = ?13, \
+                 claim_expires_at = ?14, claim_key = ?15, claimed_at = ?16, last_fence = ?17, status_reason = ?18, \
+                 created_at = ?19, updated_at = ?20 WHERE goal_id = ?1 AND id = ?2";
+            self.tx
+                .prepare_cached(sql)
+                .and_then(|mut s| s.execute(values))
+                .map_err(self.err("updating a todo"))?;
+        }
+        Ok(())
+    }
+}
+
+impl StoreTx for SqliteTx<'_> {
+    fn commit(self: Box<Self>) -> Result<()> {
+        let path = self.path;
+        self.tx.commit().map_err(|e| map_err(path, "committing", e))
+    }
+
+    fn insert_goal(&self, goal: &Goal) -> Result<()> {
+        self.ensure_writable()?;
+        self.tx
+            .execute(
+                &format!(
+                    "INSERT INTO goals ({GOAL_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                ),
+                params![
+                    goal.id,
+                    goal.title,
+                    goal.objective,
+                    to_json(&goal.success_criteria),
+                    goal.status.as_str(),
+                    goal.project_dir,
+                    goal.next_probe,
+                    goal.created_at,
+                    goal.updated_at
+                ],
+            )
+            .map_err(self.err("inserting a goal"))?;
+        Ok(())
+    }
+
+    fn goal(&self, id: &str) -> Result<Option<Goal>> {
+        self.tx
+            .prepare_cached(&format!("SELECT {GOAL_COLUMNS} FROM goals WHERE id = ?1"))
+            .and_then(|mut s| s.query_row([id], goal_from_row).optional())
+            .map_err(self.err("reading a goal"))
+    }
+
+    fn goals(&self) -> Result<Vec<Goal>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {GOAL_COLUMNS} FROM goals ORDER BY created_at, id"
+            ))
+            .map_err(self.err("listing goals"))?;
+        stmt.query_map([], goal_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("listing goals"))
+    }
+
+    fn update_goal(&self, goal: &Goal) -> Result<()> {
+        self.ensure_writable()?;
+        self.tx
+            .execute(
+                "UPDATE goals SET title = ?2, objective = ?3, success_criteria = ?4, status = ?5, project_dir = ?6, \
+                 next_probe = ?7, updated_at = ?8 WHERE id = ?1",
+                params![
+                    goal.id,
+                    goal.title,
+                    goal.objective,
+                    to_json(&goal.success_criteria),
+                    goal.status.as_str(),
+                    goal.project_dir,
+                    goal.next_probe,
+                    goal.updated_at
+                ],
+            )
+            .map_err(self.err("updating a goal"))?;
+        Ok(())
+    }
+
+    fn goal_ids_with_status(&self, status: GoalStatus) -> Result<Vec<String>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached("SELECT id FROM goals WHERE status = ?1 ORDER BY created_at, id")
+            .map_err(self.err("listing goals"))?;
+        stmt.query_map([status.as_str()], |r| r.get(0))
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("listing goals"))
+    }
+
+    fn insert_todo(&self, todo: &Todo) -> Result<()> {
+        self.write_todo(todo, true)
+    }
+
+    fn update_todo(&self, todo: &Todo) -> Result<()> {
+        self.write_todo(todo, false)
+    }
+
+    fn todo(&self, goal_id: &str, todo_id: &str) -> Result<Option<Todo>> {
+        let todo = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 AND id = ?2"
+            ))
+            .and_then(|mut s| {
+                s.query_row(params![goal_id, todo_id], todo_from_row)
+                    .optional()
+            })
+            .map_err(self.err("reading a todo"))?;
+        match todo {
+            Some(t) => Ok(self.with_deps(vec![t])?.pop()),
+            None => Ok(None),
+        }
+    }
+
+    fn todos(&self, goal_id: &str) -> Result<Vec<Todo>> {
+        // One pass for dependencies instead of one query per todo: `todo list` at 1,000 todos.
+        let mut stmt = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 ORDER BY priority, seq"
+            ))
+            .map_err(self.err("listing todos"))?;
+        let mut todos: Vec<Todo> = stmt
+            .query_map([goal_id], todo_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("listing todos"))?;
+        let mut deps = self
+            .tx
+            .prepare_cached("SELECT todo_id, depends_on FROM todo_deps WHERE goal_id = ?1 ORDER BY todo_id, depends_on")
+            .map_err(self.err("listing dependencies"))?;
+        let mut by_todo: std::collections::HashMap<String, Vec<String>> =
+            std::collections::HashMap::new();
+        let rows = deps
+            .query_map([goal_id], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
+            .map_err(self.err("listing dependencies"))?;
+        for row in rows {
+            let (todo_id, dep) = row.map_err(self.err("listing dependencies"))?;
+            by_todo.entry(todo_id).or_default().push(dep);
+        }
+        for todo in &mut todos {
+            if let Some(d) = by_todo.remove(&todo.id) {
+                todo.depends_on = d;
+            }
+        }
+        Ok(todos)
+    }
+
+    fn todo_count(&self, goal_id: &str) -> Result<i64> {
+        self.tx
+            .prepare_cached("SELECT COUNT(*) FROM todos WHERE goal_id = ?1")
+            .and_then(|mut s| s.query_row([goal_id], |r| r.get(0)))
+            .map_err(self.err("counting todos"))
+    }
+
+    fn ready_todos(&self, goal_id: &str, now: i64, limit: usize) -> Result<Vec<Todo>> {
+        let sql = format!(
+            "SELECT {TODO_COLUMNS} FROM todos t WHERE t.goal_id = ?1 AND t.role = 'agent' \
+             AND (t.status = 'open' OR (t.status = 'claimed' AND t.claim_expires_at <= ?2)) \
+             AND NOT EXISTS (SELECT 1 FROM todo_deps d JOIN todos u ON u.goal_id = d.goal_id AND u.id = d.depends_on \
+                 WHERE d.goal_id = t.goal_id AND d.todo_id = t.id AND u.status <> 'completed') \
+             AND NOT EXISTS (SELECT 1 FROM todo_deps d WHERE d.goal_id = t.goal_id AND d.todo_id = t.id \
+                 AND NOT EXISTS (SELECT 1 FROM todos u WHERE u.goal_id = d.goal_id AND u.id = d.depends_on)) \
+             ORDER BY t.priority, t.seq LIMIT ?3"
+        );
+        self.query_todos(
+            &sql,
+            params![goal_id, now, limit as i64],
+            "selecting ready todos",
+        )
+    }
+
+    fn claimed_by(&self, goal_id: &str, agent_id: &str, now: i64) -> Result<Option<Todo>> {
+        let sql = format!(
+            "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 AND claim_agent = ?2 AND status = 'claimed' \
+             AND claim_expires_at > ?3 ORDER BY priority, seq LIMIT 1"
+        );
+        Ok(self
+            .query_todos(
+                &sql,
+                params![goal_id, agent_id, now],
+                "reading the agent's claim",
+            )?
+            .pop())
+    }
+
+    fn open_user_todos(&self, goal_id: &str) -> Result<Vec<Todo>> {
+        let sql = format!(
+            "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 AND role = 'user' \
+             AND status NOT IN ('completed', 'archived') ORDER BY priority, seq"
+        );
+        self.query_todos(&sql, params![goal_id], "listing gates")
+    }
+
+    fn todo_status_counts(&self, goal_id: &str) -> Result<Vec<(String, String, i64)>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT role, status, COUNT(*) FROM todos WHERE goal_id = ?1 GROUP BY role, status",
+            )
+            .map_err(self.err("counting todos"))?;
+        stmt.query_map([goal_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("counting todos"))
+    }
+
+    fn bound_capabilities(&self, goal_id: &str) -> Result<Vec<String>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT DISTINCT capability FROM todos WHERE goal_id = ?1 AND capability IS NOT NULL \
+                 AND status NOT IN ('completed', 'archived') ORDER BY capability",
+            )
+            .map_err(self.err("listing capability bindings"))?;
+        stmt.query_map([goal_id], |r| r.get(0))
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("listing capability bindings"))
+    }
+
+    fn insert_evidence(&self, e: &Evidence) -> Result<i64> {
+        self.ensure_writable()?;
+        self.tx
+            .prepare_cached(
+                "INSERT INTO evidence (goal_id, todo_id, text, artifact_path, artifact_digest, run_id, actor, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    e.goal_id,
+                    e.todo_id,
+                    e.text,
+                    e.artifact_path,
+                    e.artifact_digest,
+                    e.run_id,
+                    e.actor,
+                    e.created_at
+                ])
+            })
+            .map_err(self.err("inserting evidence"))?;
+        Ok(self.tx.last_insert_rowid())
+    }
+
+    fn evidence_for(&self, goal_id: &str, todo_id: &str) -> Result<Vec<Evidence>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {EVIDENCE_COLUMNS} FROM evidence WHERE goal_id = ?1 AND todo_id = ?2 ORDER BY id"
+            ))
+            .map_err(self.err("reading evidence"))?;
+        stmt.query_map(params![goal_id, todo_id], evidence_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("reading evidence"))
+    }
+
+    fn recent_evidence(&self, goal_id: &str, limit: usize) -> Result<Vec<Evidence>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {EVIDENCE_COLUMNS} FROM evidence WHERE goal_id = ?1 ORDER BY id DESC LIMIT ?2"
+            ))
+            .map_err(self.err("reading evidence"))?;
+        stmt.query_map(params![goal_id, limit as i64], evidence_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("reading evidence"))
+    }
+
+    fn insert_run(&self, run: &Run) -> Result<()> {
+        self.ensure_writable()?;
+        self.tx
+            .prepare_cached(&format!(
+                "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            ))
+            .and_then(|mut s| {
+                s.execute(params![
+                    run.id,
+                    run.goal_id,
+                    run.agent_id,
+                    run.todo_id,
+                    run.classification,
+                    run.outcome,
+                    run.summary,
+                    to_json(&run.payload),
+                    run.created_at
+                ])
+            })
+            .map_err(self.err("inserting a run"))?;
+        Ok(())
+    }
+
+    fn run(&self, goal_id: &str, run_id: &str) -> Result<Option<Run>> {
+        self.tx
+            .prepare_cached(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND id = ?2"
+            ))
+            .and_then(|mut s| {
+                s.query_row(params![goal_id, run_id], run_from_row)
+                    .optional()
+            })
+            .map_err(self.err("reading a run"))
+    }
+
+    fn runs(&self, goal_id: &str, limit: usize, before: Option<&str>) -> Result<Vec<Run>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3"
+            ))
+            .map_err(self.err("reading history"))?;
+        stmt.query_map(params![goal_id, before, limit as i64], run_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("reading history"))
+    }
+
+    fn latest_run(&self, goal_id: &str, agent_id: Option<&str>) -> Result<Option<Run>> {
+        let sql = match agent_id {
+            Some(_) => format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND agent_id = ?2 ORDER BY id DESC LIMIT 1"
+            ),
+            None => format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND ?2 IS NULL ORDER BY id DESC LIMIT 1"
+            ),
+        };
+        self.tx
+            .prepare_cached(&sql)
+            .and_then(|mut s| {
+                s.query_row(params![goal_id, agent_id], run_from_row)
+                    .optional()
+            })
+            .map_err(self.err("reading the latest run"))
+    }
+
+    fn run_count(&self, goal_id: &str) -> Result<i64> {
+        self.tx
+            .prepare_cached("SELECT COUNT(*) FROM runs WHERE goal_id = ?1")
+            .and_then(|mut s| s.query_row([goal_id], |r| r.get(0)))
+            .map_err(self.err("counting runs"))
+    }
+
+    fn insert_reward(&self, r: &Reward) -> Result<i64> {
+        self.ensure_writable()?;
+        self.tx
+            .prepare_cached(
+                "INSERT INTO rewards (goal_id, run_id, score, comment, actor, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut s| s.execute(params![r.goal_id, r.run_id, r.score, r.comment, r.actor, r.created_at]))
+            .map_err(self.err("inserting a reward"))?;
+        Ok(self.tx.last_insert_rowid())
+    }
+
+    fn rewards_for_runs(&self, goal_id: &str, run_ids: &[String]) -> Result<Vec<Reward>> {
+        let mut out = Vec::new();
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT id, goal_id, run_id, score, comment, actor, created_at FROM rewards \
+                 WHERE goal_id = ?1 AND run_id = ?2 ORDER BY id",
+            )
+            .map_err(self.err("reading rewards"))?;
+        for run_id in run_ids {
+            let rows: Vec<Reward> = stmt
+                .query_map(params![goal_id, run_id], reward_from_row)
+                .and_then(|rows| rows.collect())
+                .map_err(self.err("reading rewards"))?;
+            out.extend(rows);
+        }
+        Ok(out)
+    }
+
+    fn recent_rewards(&self, goal_id: &str, limit: usize) -> Result<Vec<Reward>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT id, goal_id, run_id, score, comment, actor, created_at FROM rewards \
+                 WHERE goal_id = ?1 ORDER BY id DESC LIMIT ?2",
+            )
+            .map_err(self.err("reading rewards"))?;
+        stmt.query_map(params![goal_id, limit as i64], reward_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("reading rewards"))
+    }
+
+    fn quota_policy(&self, goal_id: &str) -> Result<Option<QuotaPolicy>> {
+        self.tx
+            .prepare_cached(
+                "SELECT compute, window_hours, slot_minutes, allowed_slots, per_agent_cap FROM quota_policy WHERE goal_id = ?1",
+            )
+            .and_then(|mut s| {
+                s.query_row([goal_id], |r| {
+                    Ok(QuotaPolicy {
+                        compute: r.get(0)?,
+                        window_hours: r.get(1)?,
+                        slot_minutes: r.get(2)?,
+                        allowed_slots: r.get(3)?,
+                        per_agent_cap: r.get(4)?,
+                    })
+                })
+                .optional()
+            })
+            .map_err(self.err("reading quota policy"))
+    }
+
+    fn set_quota_policy(&self, goal_id: &str, p: &QuotaPolicy) -> Result<()> {
+        self.ensure_writable()?;
+        self.tx
+            .execute(
+                "INSERT INTO quota_policy (goal_id, compute, window_hours, slot_minutes, allowed_slots, per_agent_cap) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(goal_id) DO UPDATE SET compute = excluded.compute, \
+                 window_hours = excluded.window_hours, slot_minutes = excluded.slot_minutes, \
+                 allowed_slots = excluded.allowed_slots, per_agent_cap = excluded.per_agent_cap",
+                params![goal_id, p.compute, p.window_hours, p.slot_minutes, p.allowed_slots, p.per_agent_cap],
+            )
+            .map_err(self.err("writing quota policy"))?;
+        Ok(())
+    }
+
+    fn ledger_entry(&self, effect_id: &str) -> Result<Option<LedgerEntry>> {
+        self.tx
+            .prepare_cached(&format!(
+                "SELECT {LEDGER_COLUMNS} FROM quota_ledger WHERE effect_id = ?1"
+            ))
+            .and_then(|mut s| s.query_row([effect_id], ledger_from_row).optional())
+            .map_err(self.err("reading the ledger"))
+    }
+
+    fn insert_ledger(&self, e: &LedgerEntry) -> Result<bool> {
+        self.ensure_writable()?;
+        let n = self
+            .tx
+            .prepare_cached(&format!(
+                "INSERT OR IGNORE INTO quota_ledger ({LEDGER_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+            ))
+            .and_then(|mut s| {
+                s.execute(params![
+                    e.effect_id,
+                    e.goal_id,
+                    e.agent_id,
+                    e.run_id,
+                    e.slots,
+                    e.kind.as_str(),
+                    e.voids_effect_id,
+                    e.created_at
+                ])
+            })
+            .map_err(self.err("writing the ledger"))?;
+        Ok(n == 1)
+    }
+
+    fn spent_since(&self, goal_id: &str, since: i64, agent_id: Option<&str>) -> Result<i64> {
+        self.tx
+            .prepare_cached(
+                "SELECT COALESCE(SUM(slots), 0) FROM quota_ledger WHERE goal_id = ?1 AND created_at >= ?2 \
+                 AND (?3 IS NULL OR agent_id = ?3)",
+            )
+            .and_then(|mut s| s.query_row(params![goal_id, since, agent_id], |r| r.get(0)))
+            .map_err(self.err("summing the ledger"))
+    }
+
+    fn oldest_spend_since(&self, goal_id: &str, since: i64) -> Result<Option<i64>> {
+        self.tx
+            .prepare_cached(
+                "SELECT MIN(created_at) FROM quota_ledger WHERE goal_id = ?1 AND created_at >= ?2 AND kind = 'spend'",
+            )
+            .and_then(|mut s| s.query_row(params![goal_id, since], |r| r.get(0)))
+            .map_err(self.err("reading the ledger"))
+    }
+
+    fn recent_ledger(&self, goal_id: &str, limit: usize) -> Result<Vec<LedgerEntry>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {LEDGER_COLUMNS} FROM quota_ledger WHERE goal_id = ?1 ORDER BY created_at DESC, effect_id LIMIT ?2"
+            ))
+            .map_err(self.err("reading the ledger"))?;
+        stmt.query_map(params![goal_id, limit as i64], ledger_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("reading the ledger"))
+    }
+
+    fn append_op(&self, op: &OpRecord) -> Result<()> {
+        self.ensure_writable()?;
+        self.tx
+            .prepare_cached("INSERT INTO ops (id, goal_id, actor, kind, detail, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+            .and_then(|mut s| {
+                s.execute(params![op.id, op.goal_id, op.actor, op.kind, to_json(&op.detail), op.created_at])
+            })
+            .map_err(self.err("appending to the operation log"))?;
+        Ok(())
+    }
+
+    fn ops(&self, goal_id: Option<&str>, limit: usize) -> Result<Vec<OpRecord>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT id, goal_id, actor, kind, detail, created_at FROM ops WHERE (?1 IS NULL OR goal_id = ?1) \
+                 ORDER BY id DESC LIMIT ?2",
+            )
+            .map_err(self.err("reading the operation log"))?;
+        stmt.query_map(params![goal_id, limit as i64], |r| {
+            Ok(OpRecord {
+                id: r.get(0)?,
+                goal_id: r.get(1)?,
+                actor: r.get(2)?,
+                kind: r.get(3)?,
+                detail: json_col(r, 4)?,
+                created_at: r.get(5)?,
+            })
+        })
+        .and_then(|rows| rows.collect())
+        .map_err(self.err("reading the operation log"))
+    }
+
+    fn upsert_extension(&self, rec: &ExtensionRecord) -> Result<()> {
+        self.ensure_writable()?;
+        self.tx
+            .execute(
+                "INSERT INTO extension_revisions (id, revision, version, manifest, grants, install_dir, component_hashes, \
+                 installed_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    rec.id,
+                    rec.revision,
+                    rec.version,
+                    to_json(&rec.manifest),
+                    to_json(&rec.grants),
+                    rec.install_dir,
+                    to_json(&rec.component_hashes),
+                    rec.installed_at
+                ],
+            )
+            .map_err(self.err("recording an extension revision"))?;
+        self.tx
+            .execute(
+                "INSERT INTO extensions (id, active_revision, enabled) VALUES (?1, ?2, ?3) ON CONFLICT(id) DO UPDATE \
+                 SET active_revision = excluded.active_revision, enabled = excluded.enabled",
+                params![rec.id, rec.revision, rec.enabled],
+            )
+            .map_err(self.err("recording an extension"))?;
+        Ok(())
+    }
+
+    fn extension(&self, id: &str) -> Result<Option<ExtensionRecord>> {
+        self.tx
+            .prepare_cached(
+                "SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
+                 r.installed_at, e.enabled FROM extensions e JOIN extension_revisions r \
+                 ON r.id = e.id AND r.revision = e.active_revision WHERE e.id = ?1",
+            )
+            .and_then(|mut s| s.query_row([id], extension_from_row).optional())
+            .map_err(self.err("reading an extension"))
+    }
+
+    fn extensions(&self) -> Result<Vec<ExtensionRecord>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
+                 r.installed_at, e.enabled FROM extensions e JOIN extension_revisions r \
+                 ON r.id = e.id AND r.revision = e.active_revision ORDER BY e.id",
+            )
+            .map_err(self.err("listing extensions"))?;
+        stmt.query_map([], extension_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("listing extensions"))
+    }
+
+    fn extension_revisions(&self, id: &str) -> Result<Vec<ExtensionRecord>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
+                 r.installed_at, (e.active_revision = r.revision AND e.enabled) FROM extension_revisions r \
+                 LEFT JOIN extensions e ON e.id = r.id WHERE r.id = ?1 ORDER BY r.revision DESC",
+            )
+            .map_err(self.err("listing extension revisions"))?;
+        stmt.query_map([id], extension_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("listing extension revisions"))
+    }
+
+    fn set_extension_active(&self, id: &str, revision: Option<i64>, enabled: bool) -> Result<()> {
+        self.ensure_writable()?;
+        self.tx
+            .execute(
+                "UPDATE extensions SET active_revision = COALESCE(?2, active_revision), enabled = ?3 WHERE id = ?1",
+                params![id, revision, enabled],
+            )
+            .map_err(self.err("updating an extension"))?;
+        Ok(())
+    }
+
+    fn delete_extension(&self, id: &str) -> Result<()> {
+        self.ensure_writable()?;
+        self.tx
+            .execute("DELETE FROM extensions WHERE id = ?1", [id])
+            .map_err(self.err("removing an extension"))?;
+        self.tx
+            .execute("DELETE FROM extension_revisions WHERE id = ?1", [id])
+            .map_err(self.err("removing an extension"))?;
+        Ok(())
+    }
+
+    fn turn(&self, turn_key: &str) -> Result<Option<TurnRecord>> {
+        self.tx
+            .prepare_cached(&format!(
+                "SELECT {TURN_COLUMNS} FROM turns WHERE turn_key = ?1"
+            ))
+            .and_then(|mut s| s.query_row([turn_key], turn_from_row).optional())
+            .map_err(self.err("reading a turn"))
+    }
+
+    fn upsert_turn(&self, t: &TurnRecord) -> Result<()> {
+        self.ensure_writable()?;
+        self.tx
+            .prepare_cached(&format!(
+                "INSERT INTO turns ({TURN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                 ON CONFLICT(turn_key) DO UPDATE SET todo_id = excluded.todo_id, status = excluded.status, \
+                 phases = excluded.phases, data = excluded.data, updated_at = excluded.updated_at"
+            ))
+            .and_then(|mut s| {
+                s.execute(params![
+                    t.turn_key,
+                    t.goal_id,
+                    t.agent_id,
+                    t.todo_id,
+                    t.status,
+                    to_json(&t.phases),
+                    to_json(&t.data),
+                    t.created_at,
+                    t.updated_at
+                ])
+            })
+            .map_err(self.err("journaling a turn"))?;
+        Ok(())
+    }
+
+    fn unsettled_turns(&self, goal_id: Option<&str>) -> Result<Vec<TurnRecord>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {TURN_COLUMNS} FROM turns WHERE status = 'in_progress' AND (?1 IS NULL OR goal_id = ?1) \
+                 ORDER BY created_at"
+            ))
+            .map_err(self.err("listing unsettled turns"))?;
+        stmt.query_map([goal_id], turn_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("listing unsettled turns"))
+    }
+}
