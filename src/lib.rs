@@ -11,6 +11,7 @@ pub mod error;
 pub mod ids;
 pub mod kernel;
 pub mod paths;
+pub mod plugin;
 pub mod registry;
 pub mod store;
 
