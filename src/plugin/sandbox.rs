@@ -1,0 +1,611 @@
+//! Running one call of one component in a fresh, limited store.
+//!
+//! Why this exists: it is the single choke point every guest execution goes through (CLI, turn
+//! driver, benchmarks, tests, and capability→provider calls alike), so every limit is applied in one
+//! place: a new `Store` per call (a store never frees instances), fuel, an epoch deadline, memory /
+//! table / instance limits with `trap_on_grow_failure`, hostcall fuel capping bytes lifted from the
+//! guest, captured size-capped logs, and a WASI context built from the grants and nothing else.
+//! After the call, outputs are checked against the kernel's size limits before anyone sees them, and
+//! a failed call yields no partial output.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use crate::kernel::transition::{MAX_PROPOSAL_TEXT, MAX_PROPOSALS_PER_CALL, Transition};
+
+use super::audit::audit_imports;
+use super::bindings::{self, cap, prov, wit};
+use super::engine::{MAX_WASM_STACK, deadline_ticks};
+use super::error::{CallLimits, PluginError, PluginResult, classify};
+use super::logs::{LogBuffer, LogLine};
+use super::manifest::{Grant, Kind, Limits, Permission};
+use super::types::{CapabilityInput, Observation, ObserveRequest, PluginInfo, ProviderCall};
+
+/// Largest payload the host sends to a capability.
+pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+/// Most `depends_on` entries in one proposal.
+pub const MAX_DEPENDS_ON: usize = 64;
+/// Most facts in one observation.
+pub const MAX_FACTS: usize = 1000;
+/// Longest observation summary / fact value / kind.
+pub const MAX_OBSERVATION_TEXT: usize = 8 * 1024;
+
+/// Store data for every call.
+pub(crate) struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+    plugin: String,
+    logs: LogBuffer,
+    broker: Option<Broker>,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl wit::Host for HostState {}
+
+fn level_name(level: wit::LogLevel) -> &'static str {
+    match level {
+        wit::LogLevel::Trace => "trace",
+        wit::LogLevel::Debug => "debug",
+        wit::LogLevel::Info => "info",
+        wit::LogLevel::Warn => "warn",
+        wit::LogLevel::Error => "error",
+    }
+}
+
+impl cap::loopx::plugin::host::Host for HostState {
+    fn call_provider(
+        &mut self,
+        provider_id: String,
+        request: wit::ObserveRequest,
+    ) -> Result<wit::Observation, wit::PluginError> {
+        let logs = self.logs.clone();
+        match self.broker.as_mut() {
+            Some(b) => b.call(&provider_id, bindings::request_from_wit(request), &logs),
+            None => Err(wit::PluginError::Denied(
+                "this plugin may not call providers".into(),
+            )),
+        }
+    }
+
+    fn log(&mut self, level: wit::LogLevel, message: String) {
+        self.logs.line(&self.plugin, level_name(level), &message);
+    }
+}
+
+impl prov::loopx::plugin::logging::Host for HostState {
+    fn log(&mut self, level: wit::LogLevel, message: String) {
+        self.logs.line(&self.plugin, level_name(level), &message);
+    }
+}
+
+/// Mediates a capability's provider calls: declared in `uses`, within budget, loaded and enabled.
+pub(crate) struct Broker {
+    capability: String,
+    declared: Vec<String>,
+    providers: HashMap<String, Arc<LoadedPlugin>>,
+    max_calls: u32,
+    used: u32,
+    calls: Vec<ProviderCall>,
+    /// The first host-contract violation; it fails the whole capability call afterwards.
+    violation: Option<PluginError>,
+}
+
+impl Broker {
+    fn call(
+        &mut self,
+        id: &str,
+        request: ObserveRequest,
+        logs: &LogBuffer,
+    ) -> Result<wit::Observation, wit::PluginError> {
+        let record = |outcome: &str, detail: String| ProviderCall {
+            provider: id.to_string(),
+            operation: request.operation.clone(),
+            target: request.target.clone(),
+            outcome: outcome.to_string(),
+            detail,
+        };
+        if !self.declared.iter().any(|d| d == id) {
+            let err = PluginError::NotDeclared {
+                plugin: self.capability.clone(),
+                provider: id.to_string(),
+            };
+            let msg = err.to_string();
+            self.calls.push(record(err.kind(), msg.clone()));
+            self.violation.get_or_insert(err);
+            return Err(wit::PluginError::Denied(msg));
+        }
+        if self.used >= self.max_calls {
+            let err = PluginError::CallBudget {
+                plugin: self.capability.clone(),
+                limit: self.max_calls,
+            };
+            let msg = err.to_string();
+            self.calls.push(record(err.kind(), msg.clone()));
+            self.violation.get_or_insert(err);
+            return Err(wit::PluginError::Denied(msg));
+        }
+        self.used += 1;
+        let Some(provider) = self.providers.get(id).cloned() else {
+            let msg = format!("provider {id} is not installed or is disabled");
+            self.calls.push(record("unavailable", msg.clone()));
+            return Err(wit::PluginError::Unavailable(msg));
+        };
+        let (result, _) = provider.run_observe(&request, logs);
+        match result {
+            Ok(obs) => {
+                self.calls.push(record("ok", obs.summary.clone()));
+                Ok(bindings::observation_to_wit(&obs))
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                self.calls.push(record(e.kind(), msg.clone()));
+                Err(wit::PluginError::Failed(msg))
+            }
+        }
+    }
+}
+
+enum Pre {
+    Capability(cap::CapabilityPre<HostState>),
+    Provider(prov::ProviderPre<HostState>),
+}
+
+/// A component ready to run: imports audited, linked, type-checked (`InstancePre`).
+pub struct LoadedPlugin {
+    /// `<extension>/<id>`.
+    pub label: String,
+    pub kind: Kind,
+    pub limits: Limits,
+    /// Providers a capability may call.
+    pub uses: Vec<String>,
+    /// The component's import names, as audited.
+    pub imports: Vec<String>,
+    grants: Vec<Grant>,
+    engine: Engine,
+    pre: Pre,
+}
+
+/// Measurements and side output of one call, returned whether or not it succeeded.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CallReport {
+    pub plugin: String,
+    pub fuel_consumed: Option<u64>,
+    pub elapsed_us: u64,
+    pub logs: Vec<LogLine>,
+    pub provider_calls: Vec<ProviderCall>,
+}
+
+fn linker(engine: &Engine, kind: Kind) -> PluginResult<Linker<HostState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        .map_err(|e| PluginError::host("linking WASI", e))?;
+    match kind {
+        Kind::Capability => cap::Capability::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s),
+        Kind::Provider => prov::Provider::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s),
+    }
+    .map_err(|e| PluginError::host("linking loopx:plugin", e))?;
+    Ok(linker)
+}
+
+/// Linkers are built once per kind per process (they only depend on the engine).
+fn shared_linker(engine: &Engine, kind: Kind) -> PluginResult<&'static Linker<HostState>> {
+    static CAP: OnceLock<Linker<HostState>> = OnceLock::new();
+    static PROV: OnceLock<Linker<HostState>> = OnceLock::new();
+    let cell = match kind {
+        Kind::Capability => &CAP,
+        Kind::Provider => &PROV,
+    };
+    if let Some(l) = cell.get() {
+        return Ok(l);
+    }
+    let l = linker(engine, kind)?;
+    Ok(cell.get_or_init(|| l))
+}
+
+/// Fixed clocks for capabilities: proposals must not depend on time.
+struct FrozenWall;
+impl wasmtime_wasi::HostWallClock for FrozenWall {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+struct FrozenMonotonic;
+impl wasmtime_wasi::HostMonotonicClock for FrozenMonotonic {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+impl LoadedPlugin {
+    /// Audits `component`'s imports against `kind` and `grants`, links it and pre-instantiates it.
+    /// `engine` must be the engine the component was compiled for (normally [`super::engine::engine`]).
+    pub fn new(
+        engine: &Engine,
+        component: &Component,
+        label: &str,
+        kind: Kind,
+        limits: Limits,
+        grants: Vec<Grant>,
+        uses: Vec<String>,
+    ) -> PluginResult<LoadedPlugin> {
+        let imports = audit_imports(engine, component, label, kind, &grants)?;
+        if kind == Kind::Capability && !grants.is_empty() {
+            return Err(PluginError::ImportNotGranted {
+                plugin: label.to_string(),
+                import: grants[0].render(),
+                reason: "capabilities cannot hold permissions".into(),
+            });
+        }
+        let linker = shared_linker(engine, kind)?;
+        let load_err = |e: wasmtime::Error| PluginError::Load {
+            plugin: label.to_string(),
+            detail: format!("{e:#}"),
+        };
+        let instance_pre = linker.instantiate_pre(component).map_err(load_err)?;
+        let pre = match kind {
+            Kind::Capability => {
+                Pre::Capability(cap::CapabilityPre::new(instance_pre).map_err(|e| {
+                    PluginError::Load {
+                        plugin: label.to_string(),
+                        detail: format!("not a loopx:plugin capability component: {e:#}"),
+                    }
+                })?)
+            }
+            Kind::Provider => Pre::Provider(prov::ProviderPre::new(instance_pre).map_err(|e| {
+                PluginError::Load {
+                    plugin: label.to_string(),
+                    detail: format!("not a loopx:plugin provider component: {e:#}"),
+                }
+            })?),
+        };
+        Ok(LoadedPlugin {
+            label: label.to_string(),
+            kind,
+            limits,
+            uses,
+            imports,
+            grants,
+            engine: engine.clone(),
+            pre,
+        })
+    }
+
+    fn call_limits(&self) -> CallLimits {
+        CallLimits {
+            fuel: self.limits.fuel,
+            deadline_ms: self.limits.deadline_ms,
+            memory_bytes: self.limits.memory_bytes,
+            stack_bytes: MAX_WASM_STACK,
+            output_bytes: self.limits.output_bytes,
+        }
+    }
+
+    fn store(&self, logs: &LogBuffer, broker: Option<Broker>) -> PluginResult<Store<HostState>> {
+        let mut b = WasiCtxBuilder::new();
+        b.stdout(logs.stream(&self.label, "stdout"));
+        b.stderr(logs.stream(&self.label, "stderr"));
+        b.allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        match self.kind {
+            Kind::Capability => {
+                b.wall_clock(FrozenWall);
+                b.monotonic_clock(FrozenMonotonic);
+                b.secure_random(wasmtime_wasi::Deterministic::new(vec![
+                    0x5a, 0xa5, 0x3c, 0xc3,
+                ]));
+                b.insecure_random(wasmtime_wasi::Deterministic::new(vec![0x17, 0x71]));
+                b.insecure_random_seed(0);
+            }
+            Kind::Provider => {
+                for g in &self.grants {
+                    match (&g.permission, &g.host_path) {
+                        (Permission::FsRead(name), Some(dir))
+                        | (Permission::FsWrite(name), Some(dir)) => {
+                            let perms = if matches!(g.permission, Permission::FsWrite(_)) {
+                                FsPerms::ReadWrite
+                            } else {
+                                FsPerms::ReadOnly
+                            };
+                            b.preopened_dir(dir, format!("/{name}"), perms)
+                                .map_err(|e| {
+                                    PluginError::not_found(
+                                        format!(
+                                            "granted directory {} (for {} of {})",
+                                            dir.display(),
+                                            g.render(),
+                                            self.label
+                                        ),
+                                        format!("{e}; re-grant it with `loopx extension upgrade`"),
+                                    )
+                                })?;
+                        }
+                        (Permission::Env(var), _) => {
+                            if let Ok(value) = std::env::var(var) {
+                                b.env(var, value);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(self.limits.memory_bytes as usize)
+            .table_elements(100_000)
+            .instances(32)
+            .tables(32)
+            .memories(8)
+            .trap_on_grow_failure(true)
+            .build();
+        let state = HostState {
+            wasi: b.build(),
+            table: ResourceTable::new(),
+            limits,
+            plugin: self.label.clone(),
+            logs: logs.clone(),
+            broker,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store
+            .set_fuel(self.limits.fuel)
+            .map_err(|e| PluginError::host("setting fuel", e))?;
+        store.set_epoch_deadline(deadline_ticks(self.limits.deadline_ms));
+        store.epoch_deadline_trap();
+        store.set_hostcall_fuel(self.limits.output_bytes);
+        Ok(store)
+    }
+
+    fn finish(
+        &self,
+        store: &Store<HostState>,
+        started: Instant,
+        logs: &LogBuffer,
+        report: &mut CallReport,
+    ) {
+        report.plugin = self.label.clone();
+        report.elapsed_us = started.elapsed().as_micros() as u64;
+        report.fuel_consumed = store
+            .get_fuel()
+            .ok()
+            .map(|left| self.limits.fuel.saturating_sub(left));
+        report.logs = logs.take();
+    }
+
+    /// Calls `describe`.
+    pub fn describe(&self) -> (PluginResult<PluginInfo>, CallReport) {
+        let logs = LogBuffer::new(self.limits.log_bytes);
+        let mut report = CallReport::default();
+        let started = Instant::now();
+        let mut store = match self.store(&logs, None) {
+            Ok(s) => s,
+            Err(e) => return (Err(e), report),
+        };
+        let result = match &self.pre {
+            Pre::Capability(pre) => pre
+                .instantiate(&mut store)
+                .and_then(|i| i.call_describe(&mut store)),
+            Pre::Provider(pre) => pre
+                .instantiate(&mut store)
+                .and_then(|i| i.call_describe(&mut store)),
+        };
+        let result = result
+            .map(bindings::info_from_wit)
+            .map_err(|e| classify(&self.label, &self.call_limits(), e));
+        self.finish(&store, started, &logs, &mut report);
+        (result, report)
+    }
+
+    /// Calls a capability's `propose`. `providers` holds the loaded providers the capability may
+    /// reach (normally exactly its `uses`, minus disabled ones).
+    pub fn propose(
+        &self,
+        input: &CapabilityInput,
+        providers: HashMap<String, Arc<LoadedPlugin>>,
+    ) -> (PluginResult<Vec<Transition>>, CallReport) {
+        let logs = LogBuffer::new(self.limits.log_bytes);
+        let mut report = CallReport {
+            plugin: self.label.clone(),
+            ..CallReport::default()
+        };
+        let Pre::Capability(pre) = &self.pre else {
+            let e = PluginError::BadRequest {
+                detail: format!("{} is a provider, not a capability", self.label),
+            };
+            return (Err(e), report);
+        };
+        if input.payload.len() > MAX_PAYLOAD_BYTES {
+            let e = PluginError::InputTooLarge {
+                plugin: self.label.clone(),
+                len: input.payload.len(),
+                limit: MAX_PAYLOAD_BYTES,
+            };
+            return (Err(e), report);
+        }
+        let broker = Broker {
+            capability: self.label.clone(),
+            declared: self.uses.clone(),
+            providers,
+            max_calls: self.limits.max_provider_calls,
+            used: 0,
+            calls: Vec::new(),
+            violation: None,
+        };
+        let started = Instant::now();
+        let mut store = match self.store(&logs, Some(broker)) {
+            Ok(s) => s,
+            Err(e) => return (Err(e), report),
+        };
+        let wit_input = wit::ProposeInput {
+            goal: bindings::goal_to_wit(&input.goal),
+            agent_id: input.agent_id.clone(),
+            payload: input.payload.clone(),
+        };
+        let raw = pre
+            .instantiate(&mut store)
+            .and_then(|i| i.call_propose(&mut store, &wit_input));
+        self.finish(&store, started, &logs, &mut report);
+        let broker = store.data_mut().broker.take();
+        if let Some(b) = &broker {
+            report.provider_calls = b.calls.clone();
+        }
+        let result = match raw {
+            Err(e) => Err(classify(&self.label, &self.call_limits(), e)),
+            Ok(_) if broker.as_ref().is_some_and(|b| b.violation.is_some()) => {
+                Err(broker.and_then(|b| b.violation).expect("checked above"))
+            }
+            Ok(Err(e)) => Err(PluginError::GuestError {
+                plugin: self.label.clone(),
+                detail: bindings::wit_error_text(&e),
+            }),
+            Ok(Ok(list)) => self.check_proposals(list),
+        };
+        (result, report)
+    }
+
+    fn check_proposals(&self, list: Vec<wit::Transition>) -> PluginResult<Vec<Transition>> {
+        if list.len() > MAX_PROPOSALS_PER_CALL {
+            return Err(PluginError::TooManyItems {
+                plugin: self.label.clone(),
+                what: "proposals",
+                count: list.len(),
+                limit: MAX_PROPOSALS_PER_CALL,
+            });
+        }
+        let out: Vec<Transition> = list
+            .into_iter()
+            .map(bindings::transition_from_wit)
+            .collect();
+        for (i, t) in out.iter().enumerate() {
+            if let Transition::AddTodo { depends_on, .. } = t
+                && depends_on.len() > MAX_DEPENDS_ON
+            {
+                return Err(PluginError::TooManyItems {
+                    plugin: self.label.clone(),
+                    what: "depends_on entries in one proposal",
+                    count: depends_on.len(),
+                    limit: MAX_DEPENDS_ON,
+                });
+            }
+            for (field, text) in bindings::transition_texts(t) {
+                if text.len() > MAX_PROPOSAL_TEXT {
+                    return Err(PluginError::StringTooLong {
+                        plugin: self.label.clone(),
+                        field: format!("proposal[{i}] ({}) {field}", t.kind()),
+                        len: text.len(),
+                        limit: MAX_PROPOSAL_TEXT,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Calls a provider's `observe` with a fresh log buffer.
+    pub fn observe(&self, request: &ObserveRequest) -> (PluginResult<Observation>, CallReport) {
+        let logs = LogBuffer::new(self.limits.log_bytes);
+        self.run_observe(request, &logs)
+    }
+
+    fn run_observe(
+        &self,
+        request: &ObserveRequest,
+        logs: &LogBuffer,
+    ) -> (PluginResult<Observation>, CallReport) {
+        let mut report = CallReport {
+            plugin: self.label.clone(),
+            ..CallReport::default()
+        };
+        let Pre::Provider(pre) = &self.pre else {
+            let e = PluginError::BadRequest {
+                detail: format!("{} is a capability, not a provider", self.label),
+            };
+            return (Err(e), report);
+        };
+        let req_size = request.operation.len()
+            + request.target.len()
+            + request
+                .params
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>();
+        if req_size > MAX_PAYLOAD_BYTES {
+            let e = PluginError::InputTooLarge {
+                plugin: self.label.clone(),
+                len: req_size,
+                limit: MAX_PAYLOAD_BYTES,
+            };
+            return (Err(e), report);
+        }
+        let started = Instant::now();
+        let mut store = match self.store(logs, None) {
+            Ok(s) => s,
+            Err(e) => return (Err(e), report),
+        };
+        let wit_req = bindings::request_to_wit(request);
+        let raw = pre
+            .instantiate(&mut store)
+            .and_then(|i| i.call_observe(&mut store, &wit_req));
+        self.finish(&store, started, logs, &mut report);
+        let result = match raw {
+            Err(e) => Err(classify(&self.label, &self.call_limits(), e)),
+            Ok(Err(e)) => Err(PluginError::GuestError {
+                plugin: self.label.clone(),
+                detail: bindings::wit_error_text(&e),
+            }),
+            Ok(Ok(o)) => self.check_observation(bindings::observation_from_wit(o)),
+        };
+        (result, report)
+    }
+
+    fn check_observation(&self, mut o: Observation) -> PluginResult<Observation> {
+        o.source = self.label.clone();
+        if o.facts.len() > MAX_FACTS {
+            return Err(PluginError::TooManyItems {
+                plugin: self.label.clone(),
+                what: "facts",
+                count: o.facts.len(),
+                limit: MAX_FACTS,
+            });
+        }
+        let mut fields: Vec<(&str, usize)> =
+            vec![("kind", o.kind.len()), ("summary", o.summary.len())];
+        for f in &o.facts {
+            fields.push(("fact key", f.key.len()));
+            fields.push(("fact value", f.value.len()));
+        }
+        for (field, len) in fields {
+            if len > MAX_OBSERVATION_TEXT {
+                return Err(PluginError::StringTooLong {
+                    plugin: self.label.clone(),
+                    field: format!("observation {field}"),
+                    len,
+                    limit: MAX_OBSERVATION_TEXT,
+                });
+            }
+        }
+        Ok(o)
+    }
+}

@@ -1,0 +1,115 @@
+//! A deliberately hostile capability for the sandbox test suite.
+//!
+//! Its payload is a list of commands, one per line; each either misbehaves (to prove a sandbox
+//! limit holds) or emits one transition (to prove kernel admission refuses what it must).
+
+wit_bindgen::generate!({ world: "capability", path: "../../../wit" });
+
+use loopx::plugin::host::{call_provider, log};
+use loopx::plugin::types::{AttachEvidence, CompleteTodo, LogLevel, ObserveRequest, TodoReason};
+
+struct HostileCap;
+
+#[allow(unconditional_recursion)]
+fn recurse(depth: u64, acc: &mut [u64; 64]) -> u64 {
+    acc[(depth % 64) as usize] = depth;
+    let next = std::hint::black_box(depth + 1);
+    recurse(next, acc) + acc[0]
+}
+
+impl Guest for HostileCap {
+    fn describe() -> PluginInfo {
+        PluginInfo {
+            name: "hostile-cap".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            description: "misbehaves on purpose".into(),
+            operations: vec![],
+        }
+    }
+
+    fn propose(input: ProposeInput) -> Result<Vec<Transition>, PluginError> {
+        let mut out = Vec::new();
+        for line in input.payload.lines() {
+            let (cmd, arg) = line.split_once(' ').unwrap_or((line, ""));
+            match cmd {
+                "" => {}
+                "ok" => out.push(Transition::NoChange("nothing to do".into())),
+                "loop" => {
+                    let mut n: u64 = 0;
+                    loop {
+                        n = std::hint::black_box(n.wrapping_add(1));
+                    }
+                }
+                "grow" => {
+                    let mut keep: Vec<Vec<u8>> = Vec::new();
+                    loop {
+                        keep.push(vec![7u8; 1 << 20]);
+                        std::hint::black_box(&keep);
+                    }
+                }
+                "recurse" => {
+                    let mut acc = [0u64; 64];
+                    let r = recurse(0, &mut acc);
+                    out.push(Transition::NoChange(format!("{r}")));
+                }
+                "big-list" => {
+                    let n: usize = arg.parse().unwrap_or(5000);
+                    for i in 0..n {
+                        out.push(Transition::NoChange(format!("{i}")));
+                    }
+                }
+                "big-string" => {
+                    let n: usize = arg.parse().unwrap_or(64 * 1024);
+                    out.push(Transition::NoChange("x".repeat(n)));
+                }
+                "panic" => panic!("hostile-cap was told to panic"),
+                "log" => {
+                    for i in 0..arg.parse::<usize>().unwrap_or(10) {
+                        log(LogLevel::Info, &format!("\x1b[31mline {i}\x1b[0m"));
+                        eprintln!("stderr line {i}");
+                    }
+                }
+                "call" => {
+                    let mut parts = arg.splitn(3, ' ');
+                    let provider = parts.next().unwrap_or_default();
+                    let op = parts.next().unwrap_or("read");
+                    let target = parts.next().unwrap_or("");
+                    let request = ObserveRequest {
+                        operation: op.into(),
+                        target: target.into(),
+                        params: vec![],
+                    };
+                    match call_provider(provider, &request) {
+                        Ok(obs) => {
+                            out.push(Transition::NoChange(format!("observed: {}", obs.summary)))
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                "complete" => out.push(Transition::CompleteTodo(CompleteTodo {
+                    todo_id: arg.into(),
+                    evidence: None,
+                })),
+                "block" => out.push(Transition::BlockTodo(TodoReason {
+                    todo_id: arg.into(),
+                    reason: "hostile".into(),
+                })),
+                "evidence" => out.push(Transition::AttachEvidence(AttachEvidence {
+                    todo_id: arg.into(),
+                    text: "hostile evidence".into(),
+                    artifact_path: None,
+                    artifact_digest: None,
+                })),
+                "error" => return Err(PluginError::InvalidInput(arg.into())),
+                other => {
+                    return Err(PluginError::InvalidInput(format!(
+                        "unknown command {other}"
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+export!(HostileCap);
