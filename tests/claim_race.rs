@@ -1,0 +1,370 @@
+//! Lease races between real processes: exactly one winner per todo, never a double grant, and a
+//! superseded holder cannot write with its old fence.
+
+mod cli_support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Barrier};
+
+use cli_support::{Project, to_run};
+
+#[test]
+fn sixteen_processes_claiming_one_todo_yield_exactly_one_winner() {
+    let p = Project::new();
+    let g = p.goal("race");
+    let t = p.add_todo(&g, "the one todo", &[]);
+    let barrier = Arc::new(Barrier::new(16));
+    let handles: Vec<_> = (0..16)
+        .map(|i| {
+            let mut cmd = p.command(&[
+                "--format",
+                "json",
+                "todo",
+                "claim",
+                "--goal-id",
+                &g,
+                "--todo-id",
+                &t,
+                "--agent-id",
+                &format!("agent-{i}"),
+            ]);
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                to_run(cmd.output().expect("spawn"))
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let winners: Vec<_> = results.iter().filter(|r| r.code == 0).collect();
+    let losers: Vec<_> = results.iter().filter(|r| r.code == 4).collect();
+    assert_eq!(winners.len(), 1, "exactly one winner: {results:#?}");
+    assert_eq!(
+        losers.len(),
+        15,
+        "every other claimer gets the conflict exit code 4: {results:#?}"
+    );
+    for l in &losers {
+        assert!(
+            l.stderr.contains("is claimed by agent"),
+            "loser message names the holder: {}",
+            l.stderr
+        );
+    }
+    let winner = winners[0].json();
+    assert_eq!(winner["claim"]["fence"], 1);
+    let listed = p.json(&["todo", "list", "--goal-id", &g]);
+    assert_eq!(
+        listed["todos"][0]["claim"]["agent_id"],
+        winner["claim"]["agent_id"]
+    );
+}
+
+#[test]
+fn sixteen_processes_claiming_next_ready_never_grant_a_todo_twice() {
+    let p = Project::new();
+    let g = p.goal("pool");
+    for i in 0..100 {
+        p.add_todo(
+            &g,
+            &format!("item {i}"),
+            &["--priority", ["P0", "P1", "P2"][i % 3]],
+        );
+    }
+    let barrier = Arc::new(Barrier::new(16));
+    let root = p.path().to_path_buf();
+    let handles: Vec<_> = (0..16)
+        .map(|i| {
+            let barrier = barrier.clone();
+            let root = root.clone();
+            let g = g.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                let mut granted = Vec::new();
+                for n in 0.. {
+                    let out = std::process::Command::new(cli_support::loopx_bin())
+                        .args([
+                            "--format",
+                            "json",
+                            "todo",
+                            "claim",
+                            "--goal-id",
+                            &g,
+                            "--agent-id",
+                            &format!("w{i}-{n}"),
+                        ])
+                        .current_dir(&root)
+                        .env_remove("LOOPX_AGENT_ID")
+                        .output()
+                        .expect("spawn");
+                    let run = to_run(out);
+                    match run.code {
+                        0 => {
+                            let v = run.json();
+                            granted.push((
+                                v["todo"]["id"].as_str().unwrap().to_string(),
+                                v["claim"]["fence"].as_i64().unwrap(),
+                            ));
+                        }
+                        3 => break,
+                        other => panic!("unexpected exit {other}: {} {}", run.stdout, run.stderr),
+                    }
+                }
+                granted
+            })
+        })
+        .collect();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for h in handles {
+        for (todo, fence) in h.join().unwrap() {
+            assert_eq!(fence, 1, "first grant of {todo} has fence 1");
+            *seen.entry(todo).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len(), 100, "every todo granted");
+    assert!(
+        seen.values().all(|&n| n == 1),
+        "a todo was granted twice: {seen:?}"
+    );
+}
+
+#[test]
+fn expired_holder_cannot_complete_after_takeover() {
+    let p = Project::new();
+    let g = p.goal("lease");
+    let t = p.add_todo(&g, "slow work", &[]);
+    let first = p.json(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "slow",
+        "--ttl-seconds",
+        "1",
+        "--idempotency-key",
+        "slow-1",
+    ]);
+    assert_eq!(first["claim"]["fence"], 1);
+    // While the lease is live, another agent is refused.
+    assert_eq!(
+        p.run(&[
+            "todo",
+            "claim",
+            "--goal-id",
+            &g,
+            "--todo-id",
+            &t,
+            "--agent-id",
+            "fast"
+        ])
+        .code,
+        4
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let second = p.json(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "fast",
+    ]);
+    assert_eq!(second["claim"]["fence"], 2);
+    assert_eq!(second["claim"]["took_over_from"], "slow");
+
+    let stale_fence = p.run(&[
+        "todo",
+        "complete",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "slow",
+        "--fence",
+        "1",
+        "--evidence",
+        "late",
+    ]);
+    assert_eq!(stale_fence.code, 4, "{}", stale_fence.stderr);
+    assert!(
+        stale_fence.stderr.contains("claimed by agent 'fast'"),
+        "{}",
+        stale_fence.stderr
+    );
+    let stale_key = p.run(&[
+        "todo",
+        "complete",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "slow",
+        "--claim-key",
+        "slow-1",
+    ]);
+    assert_eq!(stale_key.code, 4);
+    // Even the same agent name with the old fence is refused after a re-grant.
+    let renew = p.run(&[
+        "todo",
+        "renew",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "slow",
+        "--fence",
+        "1",
+    ]);
+    assert_eq!(renew.code, 4);
+
+    let todo = p.json(&["todo", "show", "--goal-id", &g, "--todo-id", &t]);
+    assert_eq!(todo["todo"]["status"], "claimed");
+    assert_eq!(
+        todo["evidence"].as_array().unwrap().len(),
+        0,
+        "the stale write left no evidence"
+    );
+
+    p.json(&[
+        "todo",
+        "complete",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "fast",
+        "--fence",
+        "2",
+        "--evidence",
+        "done",
+    ]);
+    assert_eq!(
+        p.json(&["todo", "show", "--goal-id", &g, "--todo-id", &t])["todo"]["status"],
+        "completed"
+    );
+}
+
+#[test]
+fn holder_write_needs_current_proof_and_same_agent_same_key_replays() {
+    let p = Project::new();
+    let g = p.goal("proof");
+    let t = p.add_todo(&g, "work", &[]);
+    let c = p.json(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "a1",
+        "--idempotency-key",
+        "k1",
+    ]);
+    let again = p.json(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "a1",
+        "--idempotency-key",
+        "k1",
+    ]);
+    assert_eq!(again["claim"]["replayed"], true);
+    assert_eq!(again["claim"]["fence"], c["claim"]["fence"]);
+    // No proof: refused with the conflict code and a hint.
+    let r = p.run(&[
+        "todo",
+        "update",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "a1",
+        "--evidence",
+        "x",
+    ]);
+    assert_eq!(r.code, 4);
+    assert!(r.stderr.contains("--fence"), "{}", r.stderr);
+    // Another agent: refused.
+    assert_eq!(
+        p.run(&[
+            "todo",
+            "update",
+            "--goal-id",
+            &g,
+            "--todo-id",
+            &t,
+            "--agent-id",
+            "a2",
+            "--fence",
+            "1",
+            "--evidence",
+            "x"
+        ])
+        .code,
+        4
+    );
+    // The holder with the key from the environment (as the turn driver provides it).
+    let ok = p.run_env(
+        &[
+            "todo",
+            "update",
+            "--goal-id",
+            &g,
+            "--todo-id",
+            &t,
+            "--evidence",
+            "progress",
+        ],
+        &[("LOOPX_AGENT_ID", "a1"), ("LOOPX_CLAIM_KEY", "k1")],
+    );
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+    // Release returns it to the pool; the old proof is then stale.
+    p.json(&[
+        "todo",
+        "release",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "a1",
+        "--claim-key",
+        "k1",
+    ]);
+    assert_eq!(
+        p.run(&[
+            "todo",
+            "complete",
+            "--goal-id",
+            &g,
+            "--todo-id",
+            &t,
+            "--agent-id",
+            "a1",
+            "--claim-key",
+            "k1"
+        ])
+        .code,
+        4
+    );
+    let next = p.json(&["todo", "claim", "--goal-id", &g, "--agent-id", "a2"]);
+    assert_eq!(
+        next["claim"]["fence"], 2,
+        "fences never repeat after a release"
+    );
+}

@@ -1,0 +1,156 @@
+//! Shared helpers for tests that drive the real `loopx` binary against a temporary project.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+pub fn loopx_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_loopx")
+}
+
+/// A temporary project with `.loopx/` initialized.
+pub struct Project {
+    pub dir: tempfile::TempDir,
+}
+
+/// What one command did.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+    pub fn ok(self) -> Run {
+        assert_eq!(
+            self.code, 0,
+            "command failed: stdout={} stderr={}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+}
+
+impl Project {
+    pub fn new() -> Project {
+        let p = Project {
+            dir: tempfile::tempdir().expect("tempdir"),
+        };
+        p.run(&["init"]).ok();
+        p
+    }
+
+    /// A directory with no project in it.
+    pub fn empty() -> Project {
+        Project {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn state(&self) -> PathBuf {
+        self.path().join(".loopx")
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(loopx_bin());
+        cmd.args(args).current_dir(self.path());
+        for k in [
+            "LOOPX_ROOT",
+            "LOOPX_TURN_KEY",
+            "LOOPX_AGENT_ID",
+            "LOOPX_CLAIM_KEY",
+        ] {
+            cmd.env_remove(k);
+        }
+        cmd
+    }
+
+    pub fn run(&self, args: &[&str]) -> Run {
+        self.run_env(args, &[])
+    }
+
+    pub fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
+        let mut cmd = self.command(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        to_run(cmd.output().expect("spawn loopx"))
+    }
+
+    /// `--format json` + args, asserting success.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut full = vec!["--format", "json"];
+        full.extend_from_slice(args);
+        self.run(&full).ok().json()
+    }
+
+    pub fn goal(&self, id: &str) -> String {
+        self.json(&[
+            "goal",
+            "create",
+            "--title",
+            &format!("Goal {id}"),
+            "--id",
+            id,
+        ]);
+        id.to_string()
+    }
+
+    pub fn add_todo(&self, goal: &str, title: &str, extra: &[&str]) -> String {
+        let mut args = vec!["todo", "add", "--goal-id", goal, "--title", title];
+        args.extend_from_slice(extra);
+        self.json(&args)["todo"]["id"]
+            .as_str()
+            .expect("todo id")
+            .to_string()
+    }
+
+    /// sha256 of every file under the project, keyed by relative path.
+    pub fn snapshot(&self) -> BTreeMap<String, String> {
+        use sha2::{Digest, Sha256};
+        let mut out = BTreeMap::new();
+        let mut stack = vec![self.path().to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).expect("read_dir") {
+                let entry = entry.expect("entry");
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else {
+                    let bytes = std::fs::read(&path).expect("read");
+                    let rel = path
+                        .strip_prefix(self.path())
+                        .unwrap()
+                        .display()
+                        .to_string();
+                    out.insert(rel, hex::encode(Sha256::digest(&bytes)));
+                }
+            }
+        }
+        out
+    }
+}
+
+pub fn to_run(out: Output) -> Run {
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}

@@ -1,0 +1,592 @@
+//! The kernel through the CLI: the seeds' tick as they write it, readiness, gates, the should-run
+//! routes, quota, history and every command in every format.
+
+mod cli_support;
+
+use cli_support::Project;
+use serde_json::Value;
+
+#[test]
+fn the_seed_tick_works_as_written() {
+    let p = Project::new();
+    p.json(&[
+        "project_prompt",
+        "create",
+        "--title",
+        "Investigate Quarterly Revenue Spike",
+        "--description",
+        "Analyze data",
+    ]);
+    let list = p.run(&["project_prompt", "list", "--json"]).ok().json();
+    let goal = list.as_array().expect("a bare JSON array")[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    p.add_todo(&goal, "[P0] Load the data", &[]);
+
+    let packet = p.json(&["quota", "should-run", "--goal-id", &goal]);
+    assert_eq!(packet["should_run"], true);
+    assert_eq!(packet["route"], "ready_for_host");
+    let actions = packet["interaction_contract"]["cli_channel"]["next_cli_actions"]
+        .as_array()
+        .unwrap();
+    assert!(
+        actions[0]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("loopx todo claim --goal-id {goal} --todo-id t1"))
+    );
+
+    let claim = p.json(&["todo", "claim", "--goal-id", &goal]);
+    let todo = claim["todo"]["id"].as_str().unwrap().to_string();
+    p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        &goal,
+        "--todo-id",
+        &todo,
+        "--evidence",
+        "model output: spike explained",
+        "--status",
+        "completed",
+    ]);
+    let refresh = p.json(&["refresh-state", "--goal-id", &goal]);
+    let run_id = refresh["run_id"].as_str().unwrap().to_string();
+    assert!(std::path::Path::new(refresh["json_path"].as_str().unwrap()).is_file());
+    assert!(std::path::Path::new(refresh["markdown_path"].as_str().unwrap()).is_file());
+    let spend = p.json(&["quota", "spend-slot", "--goal-id", &goal]);
+    assert_eq!(spend["appended"], true);
+    assert_eq!(spend["after"]["spent_slots"], 1);
+    let retry = p.json(&["quota", "spend-slot", "--goal-id", &goal]);
+    assert_eq!(
+        retry["idempotent_replay"], true,
+        "the same spend retried never counts twice"
+    );
+    assert_eq!(retry["after"]["spent_slots"], 1);
+
+    p.json(&[
+        "reward",
+        "add",
+        "--goal-id",
+        &goal,
+        "--run-id",
+        &run_id,
+        "--score",
+        "1.0",
+        "--comment",
+        "Forecast looks accurate",
+    ]);
+    let summary = p.json(&["summary_all", "--goal-id", &goal]);
+    assert_eq!(
+        summary["recent_rewards"][0]["comment"],
+        "Forecast looks accurate"
+    );
+    assert_eq!(
+        summary["recent_evidence"][0]["text"],
+        "model output: spike explained"
+    );
+    let status = p.json(&["status", "--goal-id", &goal]);
+    assert_eq!(status["goals"][0]["goal"]["id"], goal.as_str());
+    p.json(&["project_prompt", "close", "--goal-id", &goal]);
+    assert_eq!(
+        p.json(&["goal", "show", "--goal-id", &goal])["goal"]["status"],
+        "closed"
+    );
+    let closed = p.json(&["quota", "should-run", "--goal-id", &goal]);
+    assert_eq!(closed["route"], "blocked");
+    assert_eq!(closed["scheduler_hint"]["action"], "stop");
+}
+
+#[test]
+fn start_goal_initializes_a_fresh_directory() {
+    let p = Project::empty();
+    let v = p.json(&[
+        "start-goal",
+        "--goal-text",
+        "Run a multi-day benchmark suite",
+        "--project",
+        ".",
+    ]);
+    assert_eq!(v["initialized_project"], true);
+    assert!(p.state().join("loopx.db").is_file());
+    let id = v["goal"]["id"].as_str().unwrap();
+    assert!(p.state().join(format!("goals/{id}/state.json")).is_file());
+    assert!(p.state().join(format!("goals/{id}/STATE.md")).is_file());
+}
+
+#[test]
+fn a_todo_is_ready_only_when_its_dependencies_are_completed() {
+    let p = Project::new();
+    let g = p.goal("deps");
+    let a = p.add_todo(&g, "[P3] first", &[]);
+    let b = p.add_todo(&g, "[P0] second", &["--depends-on", &a]);
+    // b outranks a but waits for it.
+    assert_eq!(
+        p.json(&["quota", "should-run", "--goal-id", &g])["selected_todo"]["id"],
+        a.as_str()
+    );
+    let r = p.run(&["todo", "claim", "--goal-id", &g, "--todo-id", &b]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("depends on"), "{}", r.stderr);
+    p.json(&[
+        "todo",
+        "complete",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &a,
+        "--evidence",
+        "done",
+    ]);
+    assert_eq!(
+        p.json(&["todo", "claim", "--goal-id", &g])["todo"]["id"],
+        b.as_str()
+    );
+    // A missing dependency is refused at add time.
+    assert_eq!(
+        p.run(&[
+            "todo",
+            "add",
+            "--goal-id",
+            &g,
+            "--title",
+            "x",
+            "--depends-on",
+            "nope"
+        ])
+        .code,
+        3
+    );
+}
+
+#[test]
+fn gates_block_exactly_the_agents_they_scope() {
+    let p = Project::new();
+    let g = p.goal("gates");
+    p.add_todo(&g, "work one", &[]);
+    p.add_todo(&g, "work two", &[]);
+    let scoped = p.add_todo(
+        &g,
+        "approve a1's plan",
+        &["--kind", "user_gate", "--blocks-agent", "a1"],
+    );
+    let route = |agent: &str| {
+        p.json(&["quota", "should-run", "--goal-id", &g, "--agent-id", agent])["route"].clone()
+    };
+    assert_eq!(route("a1"), "user_action_required");
+    assert_eq!(route("a2"), "ready_for_host");
+    assert_eq!(
+        p.run(&["todo", "claim", "--goal-id", &g, "--agent-id", "a1"])
+            .code,
+        1
+    );
+    p.json(&["todo", "claim", "--goal-id", &g, "--agent-id", "a2"]);
+
+    let global = p.add_todo(
+        &g,
+        "approve publishing",
+        &["--kind", "user_gate", "--global-gate"],
+    );
+    assert_eq!(route("a2"), "user_action_required");
+    assert_eq!(route("a3"), "user_action_required");
+    let packet = p.json(&["quota", "should-run", "--goal-id", &g, "--agent-id", "a3"]);
+    assert_eq!(
+        packet["interaction_contract"]["user_channel"]["action_required"],
+        true
+    );
+    assert!(
+        packet["interaction_contract"]["user_channel"]["operator_cli_actions"][0]
+            .as_str()
+            .unwrap()
+            .contains("gate resolve")
+    );
+
+    let info = p.add_todo(&g, "read the report", &["--kind", "user_action"]);
+    let gates = p.json(&["gate", "list", "--goal-id", &g]);
+    assert_eq!(gates["gates"].as_array().unwrap().len(), 3);
+    p.json(&["gate", "resolve", "--goal-id", &g, "--todo-id", &global]);
+    assert_eq!(
+        route("a3"),
+        "ready_for_host",
+        "a user_action informs, it does not block"
+    );
+    assert_eq!(route("a1"), "user_action_required");
+    p.json(&[
+        "gate",
+        "resolve",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &scoped,
+        "--reject",
+        "--comment",
+        "no",
+    ]);
+    assert_eq!(
+        p.json(&["todo", "show", "--goal-id", &g, "--todo-id", &scoped])["todo"]["status"],
+        "archived"
+    );
+    assert_eq!(route("a1"), "ready_for_host");
+    assert_eq!(
+        p.run(&["todo", "claim", "--goal-id", &g, "--todo-id", &info])
+            .code,
+        2,
+        "gates are not claimed"
+    );
+}
+
+#[test]
+fn should_run_routes_wait_replan_blocked_and_repair() {
+    let p = Project::new();
+    let g = p.goal("routes");
+    assert_eq!(
+        p.json(&["quota", "should-run", "--goal-id", &g])["route"],
+        "replan_required"
+    );
+    let t = p.add_todo(&g, "only", &[]);
+    p.json(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "other",
+    ]);
+    let waiting = p.json(&["quota", "should-run", "--goal-id", &g]);
+    assert_eq!(waiting["route"], "wait", "{waiting}");
+    assert_eq!(
+        p.json(&[
+            "quota",
+            "should-run",
+            "--goal-id",
+            &g,
+            "--agent-id",
+            "other"
+        ])["selected_todo"]["selected_by"],
+        "current_claim"
+    );
+
+    p.add_todo(&g, "second", &[]);
+    p.json(&["quota", "set", "--goal-id", &g, "--allowed-slots", "1"]);
+    p.json(&["quota", "spend-slot", "--goal-id", &g, "--effect-id", "e1"]);
+    let throttled = p.json(&["quota", "should-run", "--goal-id", &g]);
+    assert_eq!(throttled["route"], "wait");
+    assert_eq!(throttled["quota"]["state"], "throttled");
+    assert_eq!(throttled["scheduler_hint"]["action"], "wait_for_quota");
+    assert!(
+        throttled["scheduler_hint"]["next_check_after_seconds"]
+            .as_u64()
+            .unwrap()
+            > 3600
+    );
+    p.json(&["quota", "void-slot", "--goal-id", &g, "--effect-id", "e1"]);
+    assert_eq!(
+        p.json(&["quota", "should-run", "--goal-id", &g])["route"],
+        "ready_for_host"
+    );
+
+    p.json(&[
+        "quota",
+        "set",
+        "--goal-id",
+        &g,
+        "--compute",
+        "0",
+        "--clear-allowed-slots",
+    ]);
+    assert_eq!(
+        p.json(&["quota", "should-run", "--goal-id", &g])["route"],
+        "blocked"
+    );
+    p.json(&["quota", "set", "--goal-id", &g, "--compute", "1"]);
+    p.json(&["goal", "pause", "--goal-id", &g]);
+    assert_eq!(
+        p.json(&["quota", "should-run", "--goal-id", &g])["route"],
+        "blocked"
+    );
+    assert_eq!(
+        p.run(&["todo", "claim", "--goal-id", &g]).code,
+        1,
+        "paused goals hand out no work"
+    );
+    p.json(&["goal", "resume", "--goal-id", &g]);
+
+    p.add_todo(&g, "needs a plugin", &["--capability", "missing-ext/fixer"]);
+    let repair = p.json(&["quota", "should-run", "--goal-id", &g]);
+    assert_eq!(repair["route"], "repair_required");
+    assert_eq!(
+        repair["interaction_contract"]["agent_channel"]["missing_capabilities"][0],
+        "missing-ext/fixer"
+    );
+}
+
+#[test]
+fn history_pages_newest_first_with_reward_overlays() {
+    let p = Project::new();
+    let g = p.goal("hist");
+    let ids: Vec<String> = (0..5)
+        .map(|_| {
+            p.json(&["refresh-state", "--goal-id", &g])["run_id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    p.json(&[
+        "reward",
+        "add",
+        "--goal-id",
+        &g,
+        "--run-id",
+        &ids[1],
+        "--score",
+        "-0.5",
+        "--comment",
+        "meh",
+    ]);
+    let page = p.json(&["history", "--goal-id", &g, "--limit", "2"]);
+    let runs = page["runs"].as_array().unwrap();
+    assert_eq!(runs[0]["run_id"], ids[4].as_str());
+    assert_eq!(runs[1]["run_id"], ids[3].as_str());
+    let older = p.json(&[
+        "history",
+        "--goal-id",
+        &g,
+        "--limit",
+        "10",
+        "--before",
+        page["next_before"].as_str().unwrap(),
+    ]);
+    let older = older["runs"].as_array().unwrap();
+    assert_eq!(older.len(), 3);
+    assert_eq!(older[1]["rewards"][0]["score"], -0.5);
+    // Run reports are immutable files named by run id.
+    let report = p.state().join(format!("goals/{g}/runs/{}.json", ids[0]));
+    let v: Value = serde_json::from_slice(&std::fs::read(report).unwrap()).unwrap();
+    assert_eq!(v["run_id"], ids[0].as_str());
+}
+
+#[test]
+fn probe_is_stored_and_shown_never_run() {
+    let p = Project::new();
+    let g = p.goal("probe");
+    let marker = p.path().join("marker");
+    let cmd = format!("touch {}", marker.display());
+    p.json(&["probe", "set", "--goal-id", &g, "--text", &cmd]);
+    assert_eq!(
+        p.json(&["probe", "show", "--goal-id", &g])["next_probe"],
+        cmd.as_str()
+    );
+    p.json(&["refresh-state", "--goal-id", &g]);
+    p.json(&["status"]);
+    assert!(!marker.exists());
+    let reg = loopx::registry::inspect_registry(p.state().join("registry.json"));
+    assert!(reg.ok);
+    p.json(&["probe", "set", "--goal-id", &g, "--clear"]);
+    assert_eq!(
+        p.json(&["probe", "show", "--goal-id", &g])["next_probe"],
+        Value::Null
+    );
+}
+
+#[test]
+fn every_command_speaks_every_format() {
+    let p = Project::new();
+    let g = p.goal("fmt");
+    let t = p.add_todo(&g, "work", &[]);
+    let gate = p.add_todo(&g, "gate", &["--kind", "user_gate", "--blocks-agent", "zz"]);
+    let run = p.json(&["refresh-state", "--goal-id", &g])["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["goal", "list"],
+        vec!["goal", "show", "--goal-id", &g],
+        vec!["todo", "list", "--goal-id", &g],
+        vec!["todo", "show", "--goal-id", &g, "--todo-id", &t],
+        vec!["gate", "list", "--goal-id", &g],
+        vec!["quota", "should-run", "--goal-id", &g],
+        vec!["quota", "show", "--goal-id", &g],
+        vec!["history", "--goal-id", &g],
+        vec!["summary_all", "--goal-id", &g],
+        vec!["status"],
+        vec!["probe", "show", "--goal-id", &g],
+        vec!["doctor"],
+    ];
+    for args in &commands {
+        for format in ["text", "json", "markdown"] {
+            let mut full = vec!["--format", format];
+            full.extend_from_slice(args);
+            let r = p.run(&full).ok();
+            assert!(!r.stdout.trim().is_empty(), "{full:?}");
+            match format {
+                "json" => {
+                    let v = r.json();
+                    let schema = v["schema_version"].as_str().unwrap_or_default();
+                    assert!(
+                        schema.starts_with("loopx.") && schema.ends_with(".v1"),
+                        "{full:?}: {schema}"
+                    );
+                    assert_eq!(v["ok"], true);
+                }
+                "markdown" => assert!(r.stdout.starts_with("# "), "{full:?}: {}", r.stdout),
+                _ => {}
+            }
+        }
+    }
+    // Mutating commands too, one format each round.
+    let mutations: Vec<(&str, Vec<String>)> = vec![
+        (
+            "markdown",
+            vec![
+                "todo",
+                "claim",
+                "--goal-id",
+                &g,
+                "--todo-id",
+                &t,
+                "--agent-id",
+                "m",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        ),
+        (
+            "text",
+            vec![
+                "todo",
+                "renew",
+                "--goal-id",
+                &g,
+                "--todo-id",
+                &t,
+                "--agent-id",
+                "m",
+                "--fence",
+                "1",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        ),
+        (
+            "json",
+            vec![
+                "todo",
+                "release",
+                "--goal-id",
+                &g,
+                "--todo-id",
+                &t,
+                "--agent-id",
+                "m",
+                "--fence",
+                "1",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        ),
+        (
+            "markdown",
+            vec![
+                "reward",
+                "add",
+                "--goal-id",
+                &g,
+                "--run-id",
+                &run,
+                "--score",
+                "1",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        ),
+        (
+            "markdown",
+            vec!["gate", "resolve", "--goal-id", &g, "--todo-id", &gate]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        ),
+        (
+            "markdown",
+            vec!["quota", "set", "--goal-id", &g, "--per-agent-cap", "5"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        ),
+    ];
+    for (format, args) in mutations {
+        let mut full = vec!["--format", format];
+        full.extend(args.iter().map(String::as_str));
+        p.run(&full).ok();
+    }
+    // Errors in JSON mode are JSON too.
+    let err = p.run(&[
+        "--format",
+        "json",
+        "todo",
+        "show",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        "t404",
+    ]);
+    assert_eq!(err.code, 3);
+    let v = err.json();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["error"]["kind"], "not_found");
+    assert_eq!(v["error"]["exit_code"], 3);
+}
+
+#[test]
+fn root_flag_and_env_select_the_project() {
+    let p = Project::new();
+    p.goal("rooted");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let root = p.path().display().to_string();
+    let run = |args: &[&str], env: Option<&str>| {
+        let mut cmd = std::process::Command::new(cli_support::loopx_bin());
+        cmd.args(args)
+            .current_dir(elsewhere.path())
+            .env_remove("LOOPX_ROOT");
+        if let Some(r) = env {
+            cmd.env("LOOPX_ROOT", r);
+        }
+        cli_support::to_run(cmd.output().unwrap())
+    };
+    assert_eq!(
+        run(&["goal", "list"], None).code,
+        3,
+        "no project upward from an unrelated directory"
+    );
+    assert_eq!(
+        run(&["--root", &root, "--format", "json", "goal", "list"], None)
+            .ok()
+            .json()["goals"][0]["id"],
+        "rooted"
+    );
+    assert_eq!(
+        run(&["--format", "json", "goal", "list"], Some(&root))
+            .ok()
+            .json()["goals"][0]["id"],
+        "rooted"
+    );
+    // Discovery upward from a subdirectory.
+    let sub = p.path().join("a/b");
+    std::fs::create_dir_all(&sub).unwrap();
+    let mut cmd = std::process::Command::new(cli_support::loopx_bin());
+    cmd.args(["--format", "json", "goal", "list"])
+        .current_dir(&sub)
+        .env_remove("LOOPX_ROOT");
+    assert_eq!(
+        cli_support::to_run(cmd.output().unwrap()).ok().json()["goals"][0]["id"],
+        "rooted"
+    );
+}

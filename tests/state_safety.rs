@@ -1,0 +1,327 @@
+//! Bad input and damaged files: clear errors with documented exit codes, and state left exactly as
+//! it was. Also the pure-read guarantee of `quota should-run` and the operator-only writes.
+
+mod cli_support;
+
+use cli_support::Project;
+
+fn seeded() -> (Project, String) {
+    let p = Project::new();
+    let g = p.goal("demo");
+    p.add_todo(&g, "[P0] first", &[]);
+    p.add_todo(&g, "second", &["--depends-on", "t1"]);
+    p.json(&["refresh-state", "--goal-id", &g]);
+    (p, g)
+}
+
+#[test]
+fn unknown_goal_or_todo_exits_3_names_it_and_creates_nothing() {
+    let (p, g) = seeded();
+    let before = p.snapshot();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["quota", "should-run", "--goal-id", "no-such-goal"],
+        vec!["todo", "add", "--goal-id", "no-such-goal", "--title", "x"],
+        vec!["todo", "list", "--goal-id", "no-such-goal"],
+        vec!["todo", "claim", "--goal-id", "no-such-goal"],
+        vec![
+            "todo",
+            "update",
+            "--goal-id",
+            "no-such-goal",
+            "--todo-id",
+            "t1",
+            "--status",
+            "completed",
+        ],
+        vec!["refresh-state", "--goal-id", "no-such-goal"],
+        vec!["quota", "spend-slot", "--goal-id", "no-such-goal"],
+        vec![
+            "reward",
+            "add",
+            "--goal-id",
+            "no-such-goal",
+            "--run-id",
+            "r1",
+            "--score",
+            "1",
+        ],
+        vec!["history", "--goal-id", "no-such-goal"],
+        vec!["status", "--goal-id", "no-such-goal"],
+        vec!["summary_all", "--goal-id", "no-such-goal"],
+        vec!["probe", "show", "--goal-id", "no-such-goal"],
+        vec!["gate", "list", "--goal-id", "no-such-goal"],
+        vec!["goal", "close", "--goal-id", "no-such-goal"],
+    ];
+    for args in cases {
+        let r = p.run(&args);
+        assert_eq!(r.code, 3, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("no-such-goal"),
+            "{args:?} message names the goal: {}",
+            r.stderr
+        );
+    }
+    for args in [
+        vec!["todo", "claim", "--goal-id", g.as_str(), "--todo-id", "t99"],
+        vec![
+            "todo",
+            "complete",
+            "--goal-id",
+            g.as_str(),
+            "--todo-id",
+            "t99",
+        ],
+        vec!["todo", "show", "--goal-id", g.as_str(), "--todo-id", "t99"],
+        vec!["refresh-state", "--goal-id", g.as_str(), "--todo-id", "t99"],
+        vec![
+            "reward",
+            "add",
+            "--goal-id",
+            g.as_str(),
+            "--run-id",
+            "01NOSUCHRUN",
+            "--score",
+            "1",
+        ],
+    ] {
+        let r = p.run(&args);
+        assert_eq!(r.code, 3, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("t99") || r.stderr.contains("01NOSUCHRUN"),
+            "{}",
+            r.stderr
+        );
+    }
+    assert_eq!(
+        before,
+        p.snapshot(),
+        "nothing was created or changed on disk"
+    );
+    assert!(!p.state().join("goals/no-such-goal").exists());
+}
+
+#[test]
+fn bad_input_exits_2_and_changes_nothing() {
+    let (p, g) = seeded();
+    let before = p.snapshot();
+    for args in [
+        vec!["todo", "add", "--goal-id", g.as_str(), "--title", ""],
+        vec![
+            "todo",
+            "add",
+            "--goal-id",
+            g.as_str(),
+            "--title",
+            "x",
+            "--priority",
+            "P9",
+        ],
+        vec![
+            "todo",
+            "add",
+            "--goal-id",
+            g.as_str(),
+            "--title",
+            "gate",
+            "--kind",
+            "user_gate",
+        ],
+        vec!["todo", "add", "--goal-id", "../escape", "--title", "x"],
+        vec![
+            "todo",
+            "update",
+            "--goal-id",
+            g.as_str(),
+            "--todo-id",
+            "t1",
+            "--status",
+            "done",
+        ],
+        vec![
+            "todo",
+            "claim",
+            "--goal-id",
+            g.as_str(),
+            "--ttl-seconds",
+            "0",
+        ],
+        vec![
+            "quota",
+            "spend-slot",
+            "--goal-id",
+            g.as_str(),
+            "--slots",
+            "0",
+            "--effect-id",
+            "e1",
+        ],
+        vec![
+            "quota",
+            "spend-slot",
+            "--goal-id",
+            g.as_str(),
+            "--slots",
+            "-1",
+            "--effect-id",
+            "e1",
+        ],
+        vec!["quota", "set", "--goal-id", g.as_str(), "--compute", "-2"],
+        vec![
+            "reward",
+            "add",
+            "--goal-id",
+            g.as_str(),
+            "--run-id",
+            "x",
+            "--score",
+            "NaN",
+        ],
+    ] {
+        let r = p.run(&args);
+        assert_eq!(r.code, 2, "{args:?}: {} {}", r.stdout, r.stderr);
+        assert!(!r.stderr.is_empty());
+    }
+    assert_eq!(before, p.snapshot());
+}
+
+#[test]
+fn corrupt_registry_projection_exits_5_with_path_and_is_not_overwritten() {
+    let (p, g) = seeded();
+    let registry = p.state().join("registry.json");
+    std::fs::write(&registry, b"{\"goals\": [ truncated").unwrap();
+    let before = p.snapshot();
+    for args in [
+        vec!["goal", "create", "--title", "another"],
+        vec!["todo", "list", "--goal-id", g.as_str()],
+        vec!["quota", "should-run", "--goal-id", g.as_str()],
+        vec!["refresh-state", "--goal-id", g.as_str()],
+        vec!["doctor"],
+    ] {
+        let r = p.run(&args);
+        assert_eq!(r.code, 5, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(&registry.display().to_string()),
+            "{args:?} names the path: {}",
+            r.stderr
+        );
+    }
+    assert_eq!(
+        before,
+        p.snapshot(),
+        "the corrupt file and everything else is untouched"
+    );
+    // The documented repair: move it aside and re-create the projections.
+    std::fs::rename(&registry, p.state().join("registry.json.corrupt")).unwrap();
+    p.json(&["refresh-state"]);
+    assert!(loopx::registry::inspect_registry(&registry).ok);
+}
+
+#[test]
+fn corrupt_goal_state_projection_is_reported_not_overwritten() {
+    let (p, g) = seeded();
+    let state = p.state().join(format!("goals/{g}/state.json"));
+    std::fs::write(&state, b"not json").unwrap();
+    let r = p.run(&["refresh-state", "--goal-id", &g]);
+    assert_eq!(r.code, 5, "{}", r.stderr);
+    assert!(r.stderr.contains("state.json"));
+    assert_eq!(std::fs::read(&state).unwrap(), b"not json");
+}
+
+#[test]
+fn damaged_database_exits_5_with_path_and_is_not_overwritten() {
+    let (p, g) = seeded();
+    let db = p.state().join("loopx.db");
+    let mut bytes = std::fs::read(&db).unwrap();
+    for b in bytes.iter_mut().take(100) {
+        *b = 0x5a;
+    }
+    std::fs::write(&db, &bytes).unwrap();
+    let before = p.snapshot();
+    for args in [
+        vec!["todo", "list", "--goal-id", g.as_str()],
+        vec!["quota", "should-run", "--goal-id", g.as_str()],
+        vec!["todo", "add", "--goal-id", g.as_str(), "--title", "x"],
+        vec!["doctor"],
+    ] {
+        let r = p.run(&args);
+        assert_eq!(r.code, 5, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(&db.display().to_string()),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    assert_eq!(before, p.snapshot());
+}
+
+#[test]
+fn should_run_writes_nothing() {
+    let (p, g) = seeded();
+    p.add_todo(
+        &g,
+        "gate",
+        &["--kind", "user_gate", "--blocks-agent", "other"],
+    );
+    p.json(&["quota", "spend-slot", "--goal-id", &g, "--effect-id", "e-1"]);
+    let before = p.snapshot();
+    for agent in ["agent", "other", "third"] {
+        for format in ["text", "json", "markdown"] {
+            let r = p.run(&[
+                "--format",
+                format,
+                "quota",
+                "should-run",
+                "--goal-id",
+                &g,
+                "--agent-id",
+                agent,
+            ]);
+            assert_eq!(r.code, 0, "{}", r.stderr);
+        }
+    }
+    assert_eq!(
+        before,
+        p.snapshot(),
+        "file hashes and the database are unchanged"
+    );
+}
+
+#[test]
+fn agent_inside_a_turn_cannot_resolve_gates_or_set_quota() {
+    let (p, g) = seeded();
+    let gate = p.add_todo(&g, "approve", &["--kind", "user_gate", "--global-gate"]);
+    let before = p.snapshot();
+    let turn = [("LOOPX_TURN_KEY", "turn-x"), ("LOOPX_AGENT_ID", "a1")];
+    let r = p.run_env(
+        &["gate", "resolve", "--goal-id", &g, "--todo-id", &gate],
+        &turn,
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("only an operator can resolve a gate"),
+        "{}",
+        r.stderr
+    );
+    let r = p.run_env(&["quota", "set", "--goal-id", &g, "--compute", "5"], &turn);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    // Nor can an agent close the gate through todo update/complete.
+    let r = p.run_env(
+        &["todo", "complete", "--goal-id", &g, "--todo-id", &gate],
+        &turn,
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let r = p.run_env(&["goal", "close", "--goal-id", &g], &turn);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(before, p.snapshot());
+    // The operator can.
+    p.json(&[
+        "gate",
+        "resolve",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &gate,
+        "--comment",
+        "ok",
+    ]);
+}
