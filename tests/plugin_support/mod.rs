@@ -1,0 +1,175 @@
+//! Shared helpers for the plugin-host test suites (`tests/sandbox_*.rs`).
+//!
+//! Building guests: [`wasm`] builds every guest component (first-party extensions and the hostile
+//! guests under `tests/guests/`) once per test binary, guarded by a `OnceLock`, with
+//! `cargo build --release --target wasm32-wasip2 -p ...` into the workspace target directory
+//! (`$CARGO_TARGET_DIR` or `<repo>/target`, subdirectory `wasm32-wasip2/release`). Several test
+//! binaries running at once do not fight: cargo itself serializes builds on the target directory's
+//! file lock ("Blocking waiting for file lock"), and a build that finds everything up to date is a
+//! no-op. Built `.wasm` files are never committed.
+//!
+//! Projects: [`Project::new`] initializes a fresh `.loopx/` in a temporary directory and opens the
+//! kernel and plugin host on it. [`Project::fingerprint`] hashes everything the database holds
+//! (goals, todos, evidence, runs, operation log, extensions) so a test can assert "unchanged".
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use loopx::kernel::goal::NewGoal;
+use loopx::kernel::{Actor, Kernel};
+use loopx::paths::ProjectPaths;
+use loopx::plugin::{InstallMode, InstallReport, PluginHost};
+use sha2::{Digest, Sha256};
+
+/// Every guest package the suites use.
+pub const GUESTS: &[&str] = &[
+    "hostile-cap",
+    "probe-provider",
+    "net-provider",
+    "fs-cap",
+    "fs-observe",
+    "issue-fix",
+];
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn guest_dir() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.current_dir(repo())
+            .args(["build", "--release", "--target", "wasm32-wasip2"]);
+        for g in GUESTS {
+            cmd.args(["-p", g]);
+        }
+        let out = cmd
+            .output()
+            .expect("running cargo build for the guest components");
+        assert!(
+            out.status.success(),
+            "building guest components failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo().join("target"));
+        target.join("wasm32-wasip2").join("release")
+    })
+}
+
+/// Path of a built guest component, e.g. `wasm("hostile-cap")`.
+pub fn wasm(package: &str) -> PathBuf {
+    let p = guest_dir().join(format!("{}.wasm", package.replace('-', "_")));
+    assert!(p.is_file(), "{} was not built", p.display());
+    p
+}
+
+/// A temporary project with an open kernel and plugin host.
+pub struct Project {
+    pub dir: tempfile::TempDir,
+    pub kernel: Kernel,
+    pub host: PluginHost,
+}
+
+impl Project {
+    pub fn new() -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        let kernel = Kernel::init(dir.path()).unwrap().expect("fresh project");
+        let host = PluginHost::for_project(&ProjectPaths::at(dir.path()));
+        Project { dir, kernel, host }
+    }
+
+    pub fn paths(&self) -> ProjectPaths {
+        ProjectPaths::at(self.dir.path())
+    }
+
+    /// Creates goal `id` with a title.
+    pub fn goal(&mut self, id: &str) {
+        self.kernel
+            .create_goal(
+                &Actor::Operator,
+                NewGoal {
+                    id: Some(id.into()),
+                    title: format!("Goal {id}"),
+                    objective: Some("fix it".into()),
+                    success_criteria: vec![],
+                    project_dir: None,
+                },
+            )
+            .unwrap();
+    }
+
+    /// Installs the extension in `dir` with `grants`.
+    pub fn install(&mut self, dir: &Path, grants: &[&str]) -> loopx::Result<InstallReport> {
+        let grants: Vec<String> = grants.iter().map(|s| s.to_string()).collect();
+        self.host
+            .install(&mut self.kernel, dir, &grants, dir, InstallMode::Install)
+    }
+
+    /// A hash of everything the database holds.
+    pub fn fingerprint(&mut self) -> String {
+        let dump = self
+            .kernel
+            .read(|tx| {
+                let mut v = Vec::new();
+                for g in tx.goals()? {
+                    v.push(serde_json::to_value(&g).unwrap());
+                    v.push(serde_json::to_value(tx.todos(&g.id)?).unwrap());
+                    v.push(serde_json::to_value(tx.recent_evidence(&g.id, 100_000)?).unwrap());
+                    v.push(serde_json::to_value(tx.runs(&g.id, 100_000, None)?).unwrap());
+                }
+                v.push(serde_json::to_value(tx.ops(None, 100_000)?).unwrap());
+                v.push(serde_json::to_value(tx.extensions()?).unwrap());
+                Ok(serde_json::to_string(&v).unwrap())
+            })
+            .unwrap();
+        hex::encode(Sha256::digest(dump.as_bytes()))
+    }
+
+    /// A hash of goal state only (goals, todos, evidence): what a refused proposal must not change
+    /// (admission still records the refusal in the run log, by design).
+    pub fn state_fingerprint(&mut self) -> String {
+        let dump = self
+            .kernel
+            .read(|tx| {
+                let mut v = Vec::new();
+                for g in tx.goals()? {
+                    v.push(serde_json::to_value(&g).unwrap());
+                    v.push(serde_json::to_value(tx.todos(&g.id)?).unwrap());
+                    v.push(serde_json::to_value(tx.recent_evidence(&g.id, 100_000)?).unwrap());
+                }
+                Ok(serde_json::to_string(&v).unwrap())
+            })
+            .unwrap();
+        hex::encode(Sha256::digest(dump.as_bytes()))
+    }
+}
+
+/// Writes an extension directory under `parent` whose single component is `component` (absolute
+/// path to a built guest). `extra` is appended to the `[[provides]]` table (e.g. `uses = [...]`),
+/// `limits` becomes `[provides.limits]`, `permissions` the top-level list.
+pub fn extension(
+    parent: &Path,
+    id: &str,
+    kind: &str,
+    provides_id: &str,
+    component: &Path,
+    permissions: &[&str],
+    extra: &str,
+    limits: &str,
+) -> PathBuf {
+    let dir = parent.join(format!("src-{id}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let perms: Vec<String> = permissions.iter().map(|p| format!("\"{p}\"")).collect();
+    let text = format!(
+        "id = \"{id}\"\nversion = \"0.1.0\"\napi = \">=0.1, <0.2\"\npermissions = [{}]\n\n[[provides]]\nkind = \"{kind}\"\nid = \"{provides_id}\"\ncomponent = \"{}\"\n{extra}\n[provides.limits]\n{limits}\n",
+        perms.join(", "),
+        component.display()
+    );
+    std::fs::write(dir.join("extension.toml"), text).unwrap();
+    dir
+}
