@@ -170,6 +170,89 @@ fn claim_specific(
     grant(tx, todo, req, key, now)
 }
 
+/// Decides and grants a claim inside the caller's transaction (shared by [`Kernel::claim`] and the
+/// turn driver, which claims and journals its turn in one transaction).
+pub(crate) fn claim_in_tx(tx: &dyn StoreTx, req: &ClaimRequest, now: i64) -> Result<ClaimGrant> {
+    validate_token("agent id", &req.agent_id)?;
+    check_ttl(req.ttl_seconds)?;
+    if let Some(k) = &req.idempotency_key {
+        validate_token("idempotency key", k)?;
+    }
+    let goal = require_goal(tx, &req.goal_id)?;
+    if goal.status != GoalStatus::Active {
+        return Err(refused(format!(
+            "goal '{}' is {}; only active goals hand out work (`loopx goal resume --goal-id {}`)",
+            goal.id, goal.status, goal.id
+        )));
+    }
+    check_not_gated(tx, &req.goal_id, &req.agent_id)?;
+    match &req.todo_id {
+        Some(todo_id) => {
+            let todo = require_todo(tx, &req.goal_id, todo_id)?;
+            claim_specific(tx, req, todo, now)
+        }
+        None => {
+            if let Some(held) = tx.claimed_by(&req.goal_id, &req.agent_id, now)? {
+                let claim = held
+                    .claim
+                    .clone()
+                    .expect("claimed_by returns claimed todos");
+                if req
+                    .idempotency_key
+                    .as_ref()
+                    .is_none_or(|k| *k == claim.idempotency_key)
+                {
+                    return Ok(ClaimGrant {
+                        todo: held,
+                        claim,
+                        replayed: true,
+                        took_over_from: None,
+                    });
+                }
+            }
+            let Some(todo) = tx.ready_todos(&req.goal_id, now, 1)?.pop() else {
+                return Err(not_found(format!(
+                    "no ready todo in goal '{}' for agent '{}': every open todo is claimed, waiting on a \
+                     dependency, or done (`loopx todo list --goal-id {}`)",
+                    req.goal_id, req.agent_id, req.goal_id
+                )));
+            };
+            let key = req.idempotency_key.clone().unwrap_or_else(new_ulid);
+            grant(tx, todo, req, key, now)
+        }
+    }
+}
+
+/// Gives a claimed todo back (status `open`) inside the caller's transaction. The holder with its
+/// proof, or an operator; a todo without a claim is returned unchanged.
+pub(crate) fn release_in_tx(
+    tx: &dyn StoreTx,
+    actor: &Actor,
+    goal_id: &str,
+    todo_id: &str,
+    now: i64,
+) -> Result<Todo> {
+    require_goal(tx, goal_id)?;
+    let mut todo = require_todo(tx, goal_id, todo_id)?;
+    if todo.claim.is_none() {
+        return Ok(todo);
+    }
+    authorize_write(&todo, actor)?;
+    let fence = todo.claim.as_ref().map(|c| c.fence);
+    todo.claim = None;
+    todo.status = TodoStatus::Open;
+    todo.updated_at = now;
+    tx.update_todo(&todo)?;
+    log_op(
+        tx,
+        Some(goal_id),
+        actor,
+        "claim_release",
+        json!({"todo_id": todo_id, "fence": fence}),
+    )?;
+    Ok(todo)
+}
+
 impl Kernel {
     /// Claims a todo (or the best ready one) for an agent.
     pub fn claim(&mut self, req: &ClaimRequest) -> Result<ClaimGrant> {
@@ -178,40 +261,7 @@ impl Kernel {
         if let Some(k) = &req.idempotency_key {
             validate_token("idempotency key", k)?;
         }
-        self.write(|tx| {
-            let goal = require_goal(tx, &req.goal_id)?;
-            if goal.status != GoalStatus::Active {
-                return Err(refused(format!(
-                    "goal '{}' is {}; only active goals hand out work (`loopx goal resume --goal-id {}`)",
-                    goal.id, goal.status, goal.id
-                )));
-            }
-            check_not_gated(tx, &req.goal_id, &req.agent_id)?;
-            let now = now_ms();
-            match &req.todo_id {
-                Some(todo_id) => {
-                    let todo = require_todo(tx, &req.goal_id, todo_id)?;
-                    claim_specific(tx, req, todo, now)
-                }
-                None => {
-                    if let Some(held) = tx.claimed_by(&req.goal_id, &req.agent_id, now)? {
-                        let claim = held.claim.clone().expect("claimed_by returns claimed todos");
-                        if req.idempotency_key.as_ref().is_none_or(|k| *k == claim.idempotency_key) {
-                            return Ok(ClaimGrant { todo: held, claim, replayed: true, took_over_from: None });
-                        }
-                    }
-                    let Some(todo) = tx.ready_todos(&req.goal_id, now, 1)?.pop() else {
-                        return Err(not_found(format!(
-                            "no ready todo in goal '{}' for agent '{}': every open todo is claimed, waiting on a \
-                             dependency, or done (`loopx todo list --goal-id {}`)",
-                            req.goal_id, req.agent_id, req.goal_id
-                        )));
-                    };
-                    let key = req.idempotency_key.clone().unwrap_or_else(new_ulid);
-                    grant(tx, todo, req, key, now)
-                }
-            }
-        })
+        self.write(|tx| claim_in_tx(tx, req, now_ms()))
     }
 
     /// Extends the holder's lease. The fence is unchanged.
@@ -266,27 +316,7 @@ impl Kernel {
                 "release needs the holder's proof: pass --fence or --claim-key",
             ));
         }
-        self.write(|tx| {
-            require_goal(tx, goal_id)?;
-            let mut todo = require_todo(tx, goal_id, todo_id)?;
-            if todo.claim.is_none() {
-                return Ok(todo);
-            }
-            authorize_write(&todo, actor)?;
-            let fence = todo.claim.as_ref().map(|c| c.fence);
-            todo.claim = None;
-            todo.status = TodoStatus::Open;
-            todo.updated_at = now_ms();
-            tx.update_todo(&todo)?;
-            log_op(
-                tx,
-                Some(goal_id),
-                actor,
-                "claim_release",
-                json!({"todo_id": todo_id, "fence": fence}),
-            )?;
-            Ok(todo)
-        })
+        self.write(|tx| release_in_tx(tx, actor, goal_id, todo_id, now_ms()))
     }
 }
 

@@ -126,6 +126,90 @@ fn check_effect_id(effect_id: &str) -> Result<()> {
     }
 }
 
+fn check_spend_request(req: &SpendRequest) -> Result<()> {
+    if req.slots < 1 || req.slots > 10_000 {
+        return Err(bad_input(format!(
+            "--slots {} is out of range: use 1..=10000",
+            req.slots
+        )));
+    }
+    if let Some(a) = &req.agent_id {
+        validate_token("agent id", a)?;
+    }
+    if let Some(e) = &req.effect_id {
+        check_effect_id(e)?;
+    }
+    Ok(())
+}
+
+/// Records a spend inside the caller's transaction, once per effect id (shared by
+/// [`Kernel::spend`] and the turn driver, which spends in the same transaction as its journal
+/// phase). Validates like `Kernel::spend`.
+pub(crate) fn spend_in_tx(
+    tx: &dyn crate::store::StoreTx,
+    actor: &Actor,
+    req: &SpendRequest,
+    now: i64,
+) -> Result<SpendReceipt> {
+    check_spend_request(req)?;
+    require_goal(tx, &req.goal_id)?;
+    let (effect_id, run_id) = match &req.effect_id {
+        Some(e) => (e.clone(), None),
+        None => {
+            let run = tx.latest_run(&req.goal_id, req.agent_id.as_deref())?.ok_or_else(|| {
+                not_found(format!(
+                    "no run to spend for in goal '{}'{}: run `loopx refresh-state --goal-id {}` after the \
+                     work, or pass --effect-id",
+                    req.goal_id,
+                    req.agent_id.as_ref().map(|a| format!(" by agent '{a}'")).unwrap_or_default(),
+                    req.goal_id
+                ))
+            })?;
+            (format!("run:{}", run.id), Some(run.id))
+        }
+    };
+    let before = view_in_tx(tx, &req.goal_id, req.agent_id.as_deref(), now)?;
+    if let Some(existing) = tx.ledger_entry(&effect_id)? {
+        if existing.goal_id != req.goal_id {
+            return Err(crate::error::conflict(format!(
+                "effect id '{effect_id}' was already used by goal '{}'",
+                existing.goal_id
+            )));
+        }
+        return Ok(SpendReceipt {
+            entry: existing,
+            idempotent_replay: true,
+            after: before.clone(),
+            before,
+        });
+    }
+    let entry = LedgerEntry {
+        effect_id: effect_id.clone(),
+        goal_id: req.goal_id.clone(),
+        agent_id: req.agent_id.clone(),
+        run_id,
+        slots: req.slots,
+        kind: LedgerKind::Spend,
+        voids_effect_id: None,
+        created_at: now,
+    };
+    tx.insert_ledger(&entry)?;
+    log_op(
+        tx,
+        Some(&req.goal_id),
+        actor,
+        "quota_spend",
+        json!({"effect_id": effect_id, "slots": req.slots}),
+    )?;
+    let after = view_in_tx(tx, &req.goal_id, req.agent_id.as_deref(), now)?;
+    Ok(SpendReceipt {
+        entry,
+        idempotent_replay: false,
+        before,
+        after,
+    })
+}
+
 impl Kernel {
     pub fn quota(
         &mut self,
@@ -210,61 +294,8 @@ impl Kernel {
 
     /// Records compute spent, once per effect id.
     pub fn spend(&mut self, actor: &Actor, req: &SpendRequest) -> Result<SpendReceipt> {
-        if req.slots < 1 || req.slots > 10_000 {
-            return Err(bad_input(format!(
-                "--slots {} is out of range: use 1..=10000",
-                req.slots
-            )));
-        }
-        if let Some(a) = &req.agent_id {
-            validate_token("agent id", a)?;
-        }
-        if let Some(e) = &req.effect_id {
-            check_effect_id(e)?;
-        }
-        self.write(|tx| {
-            require_goal(tx, &req.goal_id)?;
-            let now = now_ms();
-            let (effect_id, run_id) = match &req.effect_id {
-                Some(e) => (e.clone(), None),
-                None => {
-                    let run = tx.latest_run(&req.goal_id, req.agent_id.as_deref())?.ok_or_else(|| {
-                        not_found(format!(
-                            "no run to spend for in goal '{}'{}: run `loopx refresh-state --goal-id {}` after the \
-                             work, or pass --effect-id",
-                            req.goal_id,
-                            req.agent_id.as_ref().map(|a| format!(" by agent '{a}'")).unwrap_or_default(),
-                            req.goal_id
-                        ))
-                    })?;
-                    (format!("run:{}", run.id), Some(run.id))
-                }
-            };
-            let before = view_in_tx(tx, &req.goal_id, req.agent_id.as_deref(), now)?;
-            if let Some(existing) = tx.ledger_entry(&effect_id)? {
-                if existing.goal_id != req.goal_id {
-                    return Err(crate::error::conflict(format!(
-                        "effect id '{effect_id}' was already used by goal '{}'",
-                        existing.goal_id
-                    )));
-                }
-                return Ok(SpendReceipt { entry: existing, idempotent_replay: true, after: before.clone(), before });
-            }
-            let entry = LedgerEntry {
-                effect_id: effect_id.clone(),
-                goal_id: req.goal_id.clone(),
-                agent_id: req.agent_id.clone(),
-                run_id,
-                slots: req.slots,
-                kind: LedgerKind::Spend,
-                voids_effect_id: None,
-                created_at: now,
-            };
-            tx.insert_ledger(&entry)?;
-            log_op(tx, Some(&req.goal_id), actor, "quota_spend", json!({"effect_id": effect_id, "slots": req.slots}))?;
-            let after = view_in_tx(tx, &req.goal_id, req.agent_id.as_deref(), now)?;
-            Ok(SpendReceipt { entry, idempotent_replay: false, before, after })
-        })
+        check_spend_request(req)?;
+        self.write(|tx| spend_in_tx(tx, actor, req, now_ms()))
     }
 
     /// Cancels an earlier spend (operators only). Idempotent per voided effect id.

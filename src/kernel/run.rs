@@ -54,6 +54,23 @@ fn counts_json(counts: &[(String, String, i64)]) -> Value {
     Value::Object(out)
 }
 
+/// Inserts a run row and its operation-log entry inside the caller's transaction (the turn driver
+/// records its run together with the journal phase that settles it).
+pub(crate) fn record_run_in_tx(
+    tx: &dyn crate::store::StoreTx,
+    actor: &Actor,
+    run: &Run,
+) -> Result<()> {
+    tx.insert_run(run)?;
+    log_op(
+        tx,
+        Some(&run.goal_id),
+        actor,
+        "run_record",
+        json!({"run_id": run.id}),
+    )
+}
+
 impl Kernel {
     /// Records a run and rewrites the goal's projections. Returns the run.
     pub fn refresh_state(&mut self, actor: &Actor, req: &RefreshRequest) -> Result<Run> {
