@@ -13,7 +13,9 @@ pub mod kernel;
 pub mod paths;
 pub mod plugin;
 pub mod registry;
+pub mod runtime;
 pub mod store;
+pub mod turn;
 
 pub use error::{LoopxError, Result};
 pub use kernel::Kernel;

@@ -8,6 +8,7 @@ mod gate;
 mod goal;
 mod history;
 mod init;
+mod loop_cmd;
 pub mod output;
 mod probe;
 mod project_prompt;
@@ -18,6 +19,7 @@ mod start_goal;
 mod status;
 mod summary;
 mod todo;
+mod turn;
 
 use std::path::PathBuf;
 
@@ -86,6 +88,11 @@ pub enum Command {
     Probe(probe::ProbeCommand),
     /// Check the project: database integrity, schema, projections.
     Doctor(doctor::DoctorArgs),
+    /// Plan, run, recover and inspect bounded agent turns.
+    #[command(subcommand)]
+    Turn(turn::TurnCommand),
+    /// Run turns under a bounded budget until done, idle, or interrupted.
+    Loop(loop_cmd::LoopArgs),
 }
 
 /// What every command may need: where to find the project and who is calling.
@@ -171,6 +178,8 @@ fn dispatch(ctx: &Context, command: Command) -> Result<Output> {
         Command::Status(args) => status::run(ctx, args),
         Command::Probe(cmd) => probe::run(ctx, cmd),
         Command::Doctor(args) => doctor::run(ctx, args),
+        Command::Turn(cmd) => turn::run(ctx, cmd),
+        Command::Loop(args) => loop_cmd::run(ctx, args),
     }
 }
 

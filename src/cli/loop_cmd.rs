@@ -1,0 +1,104 @@
+//! `loopx loop`: repeat turns under a bounded budget (docs/turn-protocol.md, "The loop").
+
+use std::io::Write;
+
+use clap::Args;
+use serde_json::json;
+
+use super::output::Output;
+use super::turn::TurnArgs;
+use super::{Context, opt};
+use crate::error::Result;
+use crate::turn::host::install_stop_handlers;
+use crate::turn::loop_ctl::{LoopRequest, run_loop};
+
+#[derive(Debug, Args)]
+pub struct LoopArgs {
+    #[command(flatten)]
+    pub turn: TurnArgs,
+    /// Most turns this loop runs.
+    #[arg(long, default_value_t = 10)]
+    pub max_turns: u32,
+    /// Stop once nothing is runnable for this agent and no other agent holds work on the goal
+    /// (instead of sleeping until something is).
+    #[arg(long)]
+    pub until_idle: bool,
+    /// Longest sleep between decisions (default: 1 with --until-idle, else 60).
+    #[arg(long)]
+    pub max_sleep_seconds: Option<u64>,
+    /// Failed turns in a row after which the loop stops with `repair`.
+    #[arg(long, default_value_t = 2)]
+    pub max_consecutive_failures: u32,
+}
+
+pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
+    let mut kernel = ctx.kernel()?;
+    let req = LoopRequest {
+        turn: args.turn.request(ctx)?,
+        max_turns: args.max_turns,
+        until_idle: args.until_idle,
+        max_sleep_seconds: args
+            .max_sleep_seconds
+            .unwrap_or(if args.until_idle { 1 } else { 60 }),
+        max_consecutive_failures: args.max_consecutive_failures,
+    };
+    install_stop_handlers();
+    let max = req.max_turns;
+    // Progress goes to stderr so `--format json` keeps stdout parseable.
+    let report = run_loop(&mut kernel, &req, |n, _, o| {
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(
+            err,
+            "turn {n}/{max} {} {}",
+            o.short_line(),
+            o.turn_key.as_deref().unwrap_or("")
+        );
+    })?;
+    let rows = report
+        .turns
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            vec![
+                (i + 1).to_string(),
+                opt(&o.todo_id),
+                opt(&o.kind),
+                format!("{:.1}s", o.elapsed_ms as f64 / 1000.0),
+                opt(&o.turn_key),
+            ]
+        })
+        .collect();
+    let by_kind = report.turns.iter().fold(
+        std::collections::BTreeMap::<String, usize>::new(),
+        |mut m, o| {
+            *m.entry(opt(&o.kind)).or_default() += 1;
+            m
+        },
+    );
+    Ok(Output::new(json!({ "loop": report }))
+        .heading(format!(
+            "Loop of {} on {}: {} turn(s), stopped: {}",
+            report.agent_id,
+            report.goal_id,
+            report.turns.len(),
+            report.final_disposition
+        ))
+        .fields([
+            ("reason", report.stop_reason.clone()),
+            ("final route", report.final_route.to_string()),
+            (
+                "results",
+                by_kind
+                    .iter()
+                    .map(|(k, n)| format!("{k}={n}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            ("interrupted", report.interrupted.to_string()),
+            (
+                "elapsed",
+                format!("{:.1}s", report.elapsed_ms as f64 / 1000.0),
+            ),
+        ])
+        .table(&["#", "todo", "kind", "time", "turn"], rows))
+}

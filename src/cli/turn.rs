@@ -1,0 +1,226 @@
+//! `loopx turn plan|run|recover|inspect`: one bounded agent turn (docs/turn-protocol.md).
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use super::output::Output;
+use super::{Context, opt};
+use crate::clock::rfc3339;
+use crate::error::{Result, bad_input};
+use crate::turn::driver::{
+    DEFAULT_TIMEOUT_SECONDS, TurnOutcome, TurnRequest, inspect, plan, recover, run_turn,
+};
+use crate::turn::host::install_stop_handlers;
+
+/// Flags shared by `turn run` and `loop`.
+#[derive(Debug, Args)]
+pub struct TurnArgs {
+    #[arg(long)]
+    pub goal_id: String,
+    /// The agent running the turn (default: LOOPX_AGENT_ID, then "agent").
+    #[arg(long)]
+    pub agent_id: Option<String>,
+    /// Host wall-clock budget; on expiry its whole process group is killed.
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT_SECONDS)]
+    pub timeout_seconds: u64,
+    /// Validator argv as a JSON array, e.g. '["cargo","test"]'. It gets the normalized result on
+    /// stdin; exit 0 proves the result, anything else is `validation_failed`.
+    #[arg(long, value_name = "ARGV_JSON")]
+    pub validate_json: Option<String>,
+    /// Without a validator, accept a host's `completed` claim (default: recorded as progress).
+    #[arg(long)]
+    pub trust_host_completion: bool,
+    /// Capability for the host's observations (default: the todo's, else builtin:default).
+    #[arg(long)]
+    pub capability: Option<String>,
+    /// The host argv (no shell), after `--`.
+    #[arg(last = true, required = true, value_name = "HOST_ARGV")]
+    pub host: Vec<String>,
+}
+
+impl TurnArgs {
+    pub fn request(&self, ctx: &Context) -> Result<TurnRequest> {
+        let validate_argv = match &self.validate_json {
+            None => None,
+            Some(text) => Some(serde_json::from_str::<Vec<String>>(text).map_err(|e| {
+                bad_input(format!(
+                    "--validate-json must be a JSON array of strings, e.g. '[\"make\",\"check\"]': {e}"
+                ))
+            })?),
+        };
+        let mut req = TurnRequest::new(
+            &self.goal_id,
+            &ctx.agent_id(self.agent_id.as_deref()),
+            self.host.clone(),
+        );
+        req.validate_argv = validate_argv;
+        req.timeout_seconds = self.timeout_seconds;
+        req.trust_host_completion = self.trust_host_completion;
+        req.capability = self.capability.clone();
+        Ok(req)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TurnCommand {
+    /// The route a turn would take now, with its reason and selected todo. Writes nothing.
+    Plan {
+        #[arg(long)]
+        goal_id: String,
+        #[arg(long)]
+        agent_id: Option<String>,
+    },
+    /// Run one turn: recover, decide, claim, run the host, validate, write back, spend, close out.
+    Run {
+        #[command(flatten)]
+        turn: TurnArgs,
+        /// A specific todo (default: the decision's selected todo).
+        #[arg(long)]
+        todo_id: Option<String>,
+        /// Name the turn: a settled key replays its stored result without effects; an unsettled
+        /// one is resumed; an unused one names the new turn.
+        #[arg(long)]
+        turn_key: Option<String>,
+    },
+    /// Settle every unsettled turn whose driver is gone (resume after its last committed phase).
+    Recover {
+        #[arg(long)]
+        goal_id: Option<String>,
+    },
+    /// Print a turn's journal.
+    Inspect {
+        #[arg(long)]
+        turn_key: String,
+    },
+}
+
+pub(crate) fn outcome_output(heading: &str, o: &TurnOutcome) -> Output {
+    let value = serde_json::to_value(o).expect("outcomes serialize");
+    let mut out = Output::new(json!({ "turn": value }))
+        .heading(heading)
+        .fields([
+            ("turn", opt(&o.turn_key)),
+            ("goal / agent", format!("{} / {}", o.goal_id, o.agent_id)),
+            ("todo", opt(&o.todo_id)),
+            ("route", o.route.to_string()),
+            ("kind", opt(&o.kind)),
+            ("status", opt(&o.status)),
+            ("phases", o.phases.join(" → ")),
+            ("detail", o.detail.clone()),
+            ("run", opt(&o.run_id)),
+            ("spent", o.spent.to_string()),
+            ("lease", opt(&o.lease)),
+            ("replayed", o.replayed.to_string()),
+            ("elapsed", format!("{} ms", o.elapsed_ms)),
+        ]);
+    if !o.recovered_turns.is_empty() {
+        out = out.para(format!(
+            "settled first (recovered): {}",
+            o.recovered_turns.join(", ")
+        ));
+    }
+    if !o.warnings.is_empty() {
+        out = out.list(o.warnings.clone());
+    }
+    out
+}
+
+pub fn run(ctx: &Context, cmd: TurnCommand) -> Result<Output> {
+    let mut kernel = ctx.kernel()?;
+    match cmd {
+        TurnCommand::Plan { goal_id, agent_id } => {
+            let d = plan(&mut kernel, &goal_id, &ctx.agent_id(agent_id.as_deref()))?;
+            let packet = d.to_packet();
+            let selected = d
+                .selected_todo
+                .as_ref()
+                .map(|s| format!("{} [{}] {}", s.todo.id, s.todo.priority, s.todo.title));
+            Ok(Output::new(json!({
+                "plan": {
+                    "goal_id": d.goal_id,
+                    "agent_id": d.agent_id,
+                    "route": d.route,
+                    "reason": d.reason,
+                    "selected_todo": packet["selected_todo"],
+                    "quota": packet["quota"],
+                    "scheduler_hint": packet["scheduler_hint"],
+                    "decided_at": rfc3339(d.decided_at),
+                }
+            }))
+            .heading(format!("Turn plan for {} on {}", d.agent_id, d.goal_id))
+            .fields([
+                ("route", d.route.to_string()),
+                ("reason", d.reason.clone()),
+                ("selected todo", opt(&selected)),
+                (
+                    "next check",
+                    format!("{} in {} s", d.scheduler_action, d.next_check_after_seconds),
+                ),
+            ]))
+        }
+        TurnCommand::Run {
+            turn,
+            todo_id,
+            turn_key,
+        } => {
+            let mut req = turn.request(ctx)?;
+            req.todo_id = todo_id;
+            req.turn_key = turn_key;
+            install_stop_handlers();
+            let o = run_turn(&mut kernel, &req)?;
+            let heading = match (o.kind, o.replayed) {
+                (Some(k), true) => format!("Turn replayed: {k}"),
+                (Some(k), false) => format!("Turn settled: {k}"),
+                (None, _) => format!("No turn: route {}", o.route),
+            };
+            Ok(outcome_output(&heading, &o))
+        }
+        TurnCommand::Recover { goal_id } => {
+            let outcomes = recover(&mut kernel, goal_id.as_deref(), None)?;
+            let rows = outcomes
+                .iter()
+                .map(|o| {
+                    vec![
+                        opt(&o.turn_key),
+                        o.agent_id.clone(),
+                        opt(&o.todo_id),
+                        opt(&o.kind),
+                        opt(&o.status),
+                        o.phases.join(","),
+                    ]
+                })
+                .collect();
+            Ok(Output::new(json!({
+                "recovered": outcomes.iter().filter(|o| o.status != Some(crate::turn::JournalStatus::InProgress)).count(),
+                "turns": outcomes,
+            }))
+            .heading(format!("{} unsettled turn(s) examined", outcomes.len()))
+            .table(
+                &["turn", "agent", "todo", "kind", "status", "phases"],
+                rows,
+            ))
+        }
+        TurnCommand::Inspect { turn_key } => {
+            let rec = inspect(&mut kernel, &turn_key)?;
+            let d = &rec.data;
+            let fields = vec![
+                (
+                    "goal / agent",
+                    format!("{} / {}", rec.goal_id, rec.agent_id),
+                ),
+                ("todo", opt(&rec.todo_id)),
+                ("status", rec.status.clone()),
+                ("phases", rec.phases.join(" → ")),
+                ("kind", d["kind"].as_str().unwrap_or("-").to_string()),
+                ("failure", d["failure"].as_str().unwrap_or("-").to_string()),
+                ("lease", d["lease"].as_str().unwrap_or("-").to_string()),
+                ("run", d["run_id"].as_str().unwrap_or("-").to_string()),
+                ("created", rfc3339(rec.created_at)),
+                ("updated", rfc3339(rec.updated_at)),
+            ];
+            Ok(Output::new(json!({ "journal": rec }))
+                .heading(format!("Turn {}", rec.turn_key))
+                .fields(fields))
+        }
+    }
+}

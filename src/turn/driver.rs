@@ -1,0 +1,1138 @@
+//! The turn driver: plan, run, recover and inspect turns.
+//!
+//! The journal row (`turns` table, one per turn key) is the whole truth about a turn: its request,
+//! the host's captured outcome, the parsed result, the validation verdict, the admitted proposals,
+//! the spend and the closeout. [`advance`] looks only at that row to pick the next phase, so the
+//! same code runs a fresh turn and finishes an interrupted one. Each phase commits its journal
+//! update in the same transaction as its state effects (admission and run row with
+//! `durable_writeback`, the ledger row with `quota_spend`, the lease release with
+//! `terminal_closeout`), and every commit first checks that the row still has the phases this
+//! process last saw (a compare-and-swap), so two recoverers can never both apply a phase.
+//!
+//! A process that drives or recovers a turn holds an exclusive `flock` on
+//! `.loopx/turns/<turn-key>.lock`; the kernel drops it when the process dies (even by SIGKILL), so
+//! `turn recover` skips turns whose driver is still alive and takes over only orphaned ones.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::capability::{BUILTIN, builtin_proposals, capability_payload, wasm_proposals};
+use super::host::{ProcessOutcome, ProcessSpec, run_process};
+use super::result::{
+    HostResult, HostStatus, MAX_STDERR_TAIL, MAX_STDOUT, REQUEST_SCHEMA, parse_result,
+    result_schema_hint,
+};
+use super::{JournalStatus, Phase, TurnResultKind};
+use crate::clock::{now_ms, rfc3339};
+use crate::error::{LoopxError, Result, bad_input, conflict, not_found};
+use crate::ids::{new_ulid, validate_token};
+use crate::kernel::admission::admit_in_tx;
+use crate::kernel::claim::{ClaimRequest, MAX_TTL_SECONDS, claim_in_tx, release_in_tx};
+use crate::kernel::decision::{Decision, TurnRoute, decide_in_tx};
+use crate::kernel::model::{Run, TodoStatus};
+use crate::kernel::quota::{SpendRequest, spend_in_tx};
+use crate::kernel::run::record_run_in_tx;
+use crate::kernel::todo::check_capability_name;
+use crate::kernel::transition::{ProposalSource, Transition, Verdict};
+use crate::kernel::{Actor, Kernel, LeaseProof, require_goal};
+use crate::store::{StoreTx, TurnRecord};
+
+pub const JOURNAL_SCHEMA: &str = "loopx.turn_journal.v1";
+pub const OUTCOME_SCHEMA: &str = "loopx.turn_outcome.v1";
+/// Host budget when none is given.
+pub const DEFAULT_TIMEOUT_SECONDS: u64 = 1800;
+pub const MAX_TIMEOUT_SECONDS: u64 = 24 * 3600;
+/// The lease outlives the host budget by this much, so it cannot expire under a running host.
+pub const LEASE_MARGIN_SECONDS: u64 = 300;
+/// Env var naming a phase after whose commit the driver SIGKILLs itself. Test-only.
+pub const CRASH_HOOK_ENV: &str = "LOOPX_TEST_CRASH_AFTER";
+const MAX_ARGV_ITEMS: usize = 64;
+const MAX_ARG_LEN: usize = 4096;
+
+/// What to run: one turn of `agent_id` on `goal_id`.
+#[derive(Debug, Clone)]
+pub struct TurnRequest {
+    pub goal_id: String,
+    pub agent_id: String,
+    /// A specific todo; default: the decision's selected todo.
+    pub todo_id: Option<String>,
+    /// The host argv (no shell).
+    pub host_argv: Vec<String>,
+    /// The validator argv (no shell); exit 0 = the result is proven.
+    pub validate_argv: Option<Vec<String>>,
+    pub timeout_seconds: u64,
+    /// Without a validator, accept a host's `completed` claim as a completion.
+    pub trust_host_completion: bool,
+    /// Overrides the todo's capability.
+    pub capability: Option<String>,
+    /// Names the turn: a settled key replays its stored result; an in-progress key is resumed;
+    /// an unused key is used for the new turn.
+    pub turn_key: Option<String>,
+}
+
+impl TurnRequest {
+    pub fn new(goal_id: &str, agent_id: &str, host_argv: Vec<String>) -> TurnRequest {
+        TurnRequest {
+            goal_id: goal_id.to_string(),
+            agent_id: agent_id.to_string(),
+            todo_id: None,
+            host_argv,
+            validate_argv: None,
+            timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
+            trust_host_completion: false,
+            capability: None,
+            turn_key: None,
+        }
+    }
+}
+
+/// The lease the turn holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimInfo {
+    pub fence: i64,
+    pub claim_key: String,
+    pub expires_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ValidationRecord {
+    /// A validator process ran.
+    pub ran: bool,
+    pub passed: bool,
+    /// The host claimed `completed` and the claim stands (validator passed, or trusted).
+    pub completion_validated: bool,
+    pub detail: String,
+    pub validator: Option<ProcessOutcome>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WritebackRecord {
+    pub capability: String,
+    pub proposals: Vec<Transition>,
+    pub verdicts: Vec<Verdict>,
+    pub accepted: usize,
+    pub refused: usize,
+    pub error: Option<String>,
+    pub todo_status_after: Option<TodoStatus>,
+    /// The plugin host's call report (WebAssembly capabilities only).
+    pub call: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpendRecord {
+    pub effect_id: String,
+    pub slots: i64,
+    pub idempotent_replay: bool,
+}
+
+/// Everything the driver needs to resume a turn; stored as the journal row's `data`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JournalData {
+    pub schema_version: String,
+    /// The request JSON the host received on stdin.
+    pub request: Value,
+    pub host_argv: Vec<String>,
+    pub validate_argv: Option<Vec<String>>,
+    pub timeout_ms: u64,
+    pub trust_host_completion: bool,
+    pub capability: String,
+    pub cwd: String,
+    pub project_root: String,
+    pub claim: ClaimInfo,
+    pub route_reason: String,
+    pub host: Option<ProcessOutcome>,
+    pub result: Option<HostResult>,
+    pub result_error: Option<String>,
+    pub validation: Option<ValidationRecord>,
+    pub writeback: Option<WritebackRecord>,
+    pub spend: Option<SpendRecord>,
+    /// `released`, `cleared` (completion or block cleared it), `not_held` (taken over after
+    /// expiry), or `not_released: <why>`.
+    pub lease: Option<String>,
+    pub kind: Option<TurnResultKind>,
+    pub failed_phase: Option<Phase>,
+    pub failure: Option<String>,
+    pub run_id: Option<String>,
+    /// Set when a process other than the original driver finished the turn.
+    pub recovered: bool,
+    pub driver_pid: u32,
+    pub started_at: i64,
+    pub settled_at: Option<i64>,
+}
+
+/// How a `turn run` (or one recovered turn) ended.
+#[derive(Debug, Clone, Serialize)]
+pub struct TurnOutcome {
+    pub schema_version: &'static str,
+    pub goal_id: String,
+    pub agent_id: String,
+    /// The route decided before the host (`ready_for_host` for every turn that ran).
+    pub route: TurnRoute,
+    pub reason: String,
+    pub turn_key: Option<String>,
+    pub todo_id: Option<String>,
+    pub kind: Option<TurnResultKind>,
+    pub status: Option<JournalStatus>,
+    pub phases: Vec<String>,
+    pub failed_phase: Option<Phase>,
+    /// The host's summary, or what failed.
+    pub detail: String,
+    pub run_id: Option<String>,
+    pub spent: bool,
+    pub lease: Option<String>,
+    /// A settled turn key was given: its stored result, no effects.
+    pub replayed: bool,
+    /// Finished by recovery rather than by the driver that started it.
+    pub recovered: bool,
+    /// Turns of this goal/agent that were settled before this one started.
+    pub recovered_turns: Vec<String>,
+    pub next_check_after_seconds: u64,
+    pub elapsed_ms: u64,
+    pub warnings: Vec<String>,
+}
+
+impl TurnOutcome {
+    fn not_ready(d: &Decision, recovered_turns: Vec<String>, elapsed_ms: u64) -> TurnOutcome {
+        TurnOutcome {
+            schema_version: OUTCOME_SCHEMA,
+            goal_id: d.goal_id.clone(),
+            agent_id: d.agent_id.clone(),
+            route: d.route,
+            reason: d.reason.clone(),
+            turn_key: None,
+            todo_id: d.selected_todo.as_ref().map(|s| s.todo.id.clone()),
+            kind: None,
+            status: None,
+            phases: Vec::new(),
+            failed_phase: None,
+            detail: d.reason.clone(),
+            run_id: None,
+            spent: false,
+            lease: None,
+            replayed: false,
+            recovered: false,
+            recovered_turns,
+            next_check_after_seconds: d.next_check_after_seconds,
+            elapsed_ms,
+            warnings: Vec::new(),
+        }
+    }
+
+    fn from_journal(rec: &TurnRecord, data: &JournalData) -> TurnOutcome {
+        let detail = match (&data.failure, &data.result) {
+            (Some(f), _) => f.clone(),
+            (None, Some(r)) => r.summary.clone(),
+            (None, None) => String::new(),
+        };
+        TurnOutcome {
+            schema_version: OUTCOME_SCHEMA,
+            goal_id: rec.goal_id.clone(),
+            agent_id: rec.agent_id.clone(),
+            route: TurnRoute::ReadyForHost,
+            reason: data.route_reason.clone(),
+            turn_key: Some(rec.turn_key.clone()),
+            todo_id: rec.todo_id.clone(),
+            kind: data.kind,
+            status: JournalStatus::parse(&rec.status).ok(),
+            phases: rec.phases.clone(),
+            failed_phase: data.failed_phase,
+            detail,
+            run_id: data.run_id.clone(),
+            spent: data.spend.is_some(),
+            lease: data.lease.clone(),
+            replayed: false,
+            recovered: data.recovered,
+            recovered_turns: Vec::new(),
+            next_check_after_seconds: 0,
+            elapsed_ms: data
+                .settled_at
+                .map(|s| (s - data.started_at).max(0) as u64)
+                .unwrap_or(0),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// One line for people: `t4 validated_progress 1.2s`.
+    pub fn short_line(&self) -> String {
+        let what = match self.kind {
+            Some(k) => k.to_string(),
+            None => format!("route {}", self.route),
+        };
+        format!(
+            "{} {} {:.1}s",
+            self.todo_id.as_deref().unwrap_or("-"),
+            what,
+            self.elapsed_ms as f64 / 1000.0
+        )
+    }
+}
+
+/// The decision a `turn run` would act on. A pure read.
+pub fn plan(kernel: &mut Kernel, goal_id: &str, agent_id: &str) -> Result<Decision> {
+    kernel.should_run(goal_id, agent_id)
+}
+
+/// The journal row of a turn.
+pub fn inspect(kernel: &mut Kernel, turn_key: &str) -> Result<TurnRecord> {
+    validate_token("turn key", turn_key)?;
+    kernel.read(|tx| tx.turn(turn_key))?.ok_or_else(|| {
+        not_found(format!(
+            "no turn '{turn_key}' in the journal; turn keys are printed by `loopx turn run`"
+        ))
+    })
+}
+
+/// The stored outcome of a turn (settled or not), without effects.
+pub fn stored_outcome(kernel: &mut Kernel, turn_key: &str) -> Result<TurnOutcome> {
+    let rec = inspect(kernel, turn_key)?;
+    let data = journal_data(&rec)?;
+    let mut o = TurnOutcome::from_journal(&rec, &data);
+    o.replayed = true;
+    Ok(o)
+}
+
+fn journal_data(rec: &TurnRecord) -> Result<JournalData> {
+    serde_json::from_value(rec.data.clone()).map_err(|e| LoopxError::Corrupt {
+        path: PathBuf::from(format!("turns/{}", rec.turn_key)),
+        detail: format!("journal data does not parse: {e}"),
+    })
+}
+
+fn check_argv(what: &str, argv: &[String]) -> Result<()> {
+    if argv.is_empty() {
+        return Err(bad_input(format!(
+            "{what} is empty: name the program to run after `--`"
+        )));
+    }
+    if argv.len() > MAX_ARGV_ITEMS {
+        return Err(bad_input(format!(
+            "{what} has {} items; the limit is {MAX_ARGV_ITEMS}",
+            argv.len()
+        )));
+    }
+    for a in argv {
+        if a.len() > MAX_ARG_LEN || a.contains('\0') {
+            return Err(bad_input(format!(
+                "{what} items must be at most {MAX_ARG_LEN} bytes without NUL"
+            )));
+        }
+    }
+    if argv[0].is_empty() {
+        return Err(bad_input(format!("{what}[0] is empty")));
+    }
+    Ok(())
+}
+
+/// Checks a turn request before anything is written.
+pub fn check_request(req: &TurnRequest) -> Result<()> {
+    validate_token("goal id", &req.goal_id)?;
+    validate_token("agent id", &req.agent_id)?;
+    if let Some(t) = &req.todo_id {
+        validate_token("todo id", t)?;
+    }
+    if let Some(k) = &req.turn_key {
+        validate_token("turn key", k)?;
+    }
+    check_argv("host argv", &req.host_argv)?;
+    if let Some(v) = &req.validate_argv {
+        check_argv("validator argv", v)?;
+    }
+    if req.timeout_seconds == 0 || req.timeout_seconds > MAX_TIMEOUT_SECONDS {
+        return Err(bad_input(format!(
+            "--timeout-seconds {} is out of range: use 1..={MAX_TIMEOUT_SECONDS}",
+            req.timeout_seconds
+        )));
+    }
+    if let Some(c) = &req.capability {
+        check_capability_name(c)?;
+    }
+    Ok(())
+}
+
+/// Holds `.loopx/turns/<key>.lock` exclusively while a process drives or recovers a turn.
+struct TurnLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl TurnLock {
+    fn try_acquire(kernel: &Kernel, turn_key: &str) -> Result<Option<TurnLock>> {
+        let dir = kernel.paths().state.join("turns");
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
+        let path = dir.join(format!("{turn_key}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| LoopxError::internal(format!("opening {}", path.display()), e))?;
+        // SAFETY: flock on a file descriptor we own.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(LoopxError::internal(
+                format!("locking {}", path.display()),
+                err,
+            ));
+        }
+        Ok(Some(TurnLock { _file: file, path }))
+    }
+
+    /// The turn is settled: remove the lock file (then drop releases the lock).
+    fn finish(self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Test-only crash injection: SIGKILL this process right after `phase` committed.
+fn crash_hook(point: &str) {
+    if std::env::var(CRASH_HOOK_ENV).is_ok_and(|p| p == point) {
+        // SAFETY: plain syscalls; the process ends here.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+        std::process::abort();
+    }
+}
+
+/// Runs one turn: settles this agent's unsettled turns on the goal, decides, and (when the route
+/// is `ready_for_host`) claims, runs the host and settles every phase.
+pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
+    check_request(req)?;
+    let started = Instant::now();
+    if let Some(key) = &req.turn_key
+        && let Some(rec) = kernel.read(|tx| tx.turn(key))?
+    {
+        if rec.goal_id != req.goal_id || rec.agent_id != req.agent_id {
+            return Err(conflict(format!(
+                "turn key '{key}' belongs to goal '{}' and agent '{}'; pick a new key",
+                rec.goal_id, rec.agent_id
+            )));
+        }
+        if rec.status != JournalStatus::InProgress.as_str() {
+            return stored_outcome(kernel, key);
+        }
+        let Some(o) = recover_one(kernel, key)? else {
+            return Err(conflict(format!(
+                "turn '{key}' is in flight in another process; `loopx turn inspect --turn-key {key}` shows it"
+            )));
+        };
+        return Ok(o);
+    }
+    let recovered_turns: Vec<String> = recover(kernel, Some(&req.goal_id), Some(&req.agent_id))?
+        .into_iter()
+        .filter(|o| o.status != Some(JournalStatus::InProgress))
+        .filter_map(|o| o.turn_key)
+        .collect();
+    let turn_key = req
+        .turn_key
+        .clone()
+        .unwrap_or_else(|| format!("turn-{}", new_ulid()));
+    let Some(lock) = TurnLock::try_acquire(kernel, &turn_key)? else {
+        return Err(conflict(format!(
+            "turn '{turn_key}' is locked by another process"
+        )));
+    };
+    let cwd = std::env::current_dir()
+        .map_err(|e| LoopxError::internal("reading the working directory", e))?;
+    let project_root = kernel.paths().project.clone();
+    let started_ms = now_ms();
+    let start = kernel.write(|tx| {
+        let now = now_ms();
+        let d = decide_in_tx(tx, &req.goal_id, &req.agent_id, now)?;
+        let todo_id = match (&req.todo_id, d.route) {
+            (Some(t), TurnRoute::ReadyForHost) => t.clone(),
+            (Some(t), TurnRoute::Wait) if d.quota.state == "eligible" => t.clone(),
+            (None, TurnRoute::ReadyForHost) => d
+                .selected_todo
+                .as_ref()
+                .map(|s| s.todo.id.clone())
+                .expect("ready routes select a todo"),
+            _ => return Ok(Err(d)),
+        };
+        let held = d
+            .selected_todo
+            .as_ref()
+            .is_some_and(|s| s.selected_by == "current_claim" && s.todo.id == todo_id);
+        let creq = ClaimRequest {
+            goal_id: req.goal_id.clone(),
+            todo_id: Some(todo_id.clone()),
+            agent_id: req.agent_id.clone(),
+            ttl_seconds: (req.timeout_seconds + LEASE_MARGIN_SECONDS).min(MAX_TTL_SECONDS),
+            idempotency_key: if held { None } else { Some(turn_key.clone()) },
+        };
+        let grant = claim_in_tx(tx, &creq, now)?;
+        let goal = require_goal(tx, &req.goal_id)?;
+        let todo = &grant.todo;
+        let capability = req
+            .capability
+            .clone()
+            .or_else(|| todo.capability.clone())
+            .unwrap_or_else(|| BUILTIN.to_string());
+        let host_cwd = goal
+            .project_dir
+            .as_ref()
+            .map(PathBuf::from)
+            .filter(|p| p.is_dir())
+            .unwrap_or_else(|| cwd.clone());
+        let claim = ClaimInfo {
+            fence: grant.claim.fence,
+            claim_key: grant.claim.idempotency_key.clone(),
+            expires_at: grant.claim.expires_at,
+        };
+        let request = json!({
+            "schema_version": REQUEST_SCHEMA,
+            "turn_key": turn_key,
+            "goal": {
+                "id": goal.id,
+                "title": goal.title,
+                "objective": goal.objective,
+                "success_criteria": goal.success_criteria,
+                "project_dir": goal.project_dir,
+            },
+            "todo": {
+                "id": todo.id,
+                "title": todo.title,
+                "detail": todo.detail,
+                "priority": todo.priority,
+                "lane": todo.lane,
+                "capability": capability,
+            },
+            "agent_id": req.agent_id,
+            "claim": {
+                "fence": claim.fence,
+                "claim_key": claim.claim_key,
+                "expires_at": rfc3339(claim.expires_at),
+            },
+            "deadline_seconds": req.timeout_seconds,
+            "validator": req.validate_argv.is_some(),
+            "result_schema": result_schema_hint(),
+        });
+        let data = JournalData {
+            schema_version: JOURNAL_SCHEMA.to_string(),
+            request,
+            host_argv: req.host_argv.clone(),
+            validate_argv: req.validate_argv.clone(),
+            timeout_ms: req.timeout_seconds * 1000,
+            trust_host_completion: req.trust_host_completion,
+            capability,
+            cwd: host_cwd.to_string_lossy().into_owned(),
+            project_root: project_root.to_string_lossy().into_owned(),
+            claim,
+            route_reason: d.reason.clone(),
+            host: None,
+            result: None,
+            result_error: None,
+            validation: None,
+            writeback: None,
+            spend: None,
+            lease: None,
+            kind: None,
+            failed_phase: None,
+            failure: None,
+            run_id: None,
+            recovered: false,
+            driver_pid: std::process::id(),
+            started_at: started_ms,
+            settled_at: None,
+        };
+        let rec = TurnRecord {
+            turn_key: turn_key.clone(),
+            goal_id: req.goal_id.clone(),
+            agent_id: req.agent_id.clone(),
+            todo_id: Some(todo_id),
+            status: JournalStatus::InProgress.as_str().to_string(),
+            phases: Vec::new(),
+            data: serde_json::to_value(&data).expect("journal data serializes"),
+            created_at: now,
+            updated_at: now,
+        };
+        tx.upsert_turn(&rec)?;
+        Ok(Ok((rec, data)))
+    })?;
+    let (mut rec, mut data) = match start {
+        Ok(started) => started,
+        Err(decision) => {
+            lock.finish();
+            return Ok(TurnOutcome::not_ready(
+                &decision,
+                recovered_turns,
+                started.elapsed().as_millis() as u64,
+            ));
+        }
+    };
+    crash_hook("start");
+    let warnings = advance(kernel, &mut rec, &mut data, true)?;
+    lock.finish();
+    let mut o = TurnOutcome::from_journal(&rec, &data);
+    o.recovered_turns = recovered_turns;
+    o.warnings = warnings;
+    o.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(o)
+}
+
+/// Settles every unsettled turn (of `goal_id` / `agent_id` when given) whose driver is gone.
+/// Turns still driven by a live process are reported with status `in_progress` and left alone.
+pub fn recover(
+    kernel: &mut Kernel,
+    goal_id: Option<&str>,
+    agent_id: Option<&str>,
+) -> Result<Vec<TurnOutcome>> {
+    if let Some(g) = goal_id {
+        validate_token("goal id", g)?;
+    }
+    let keys: Vec<String> = kernel
+        .read(|tx| tx.unsettled_turns(goal_id))?
+        .into_iter()
+        .filter(|t| agent_id.is_none_or(|a| t.agent_id == a))
+        .map(|t| t.turn_key)
+        .collect();
+    let mut out = Vec::new();
+    for key in keys {
+        match recover_one(kernel, &key)? {
+            Some(o) => out.push(o),
+            None => {
+                let rec = inspect(kernel, &key)?;
+                let data = journal_data(&rec)?;
+                let mut o = TurnOutcome::from_journal(&rec, &data);
+                o.detail = format!(
+                    "in flight in another process (pid {}); left alone",
+                    data.driver_pid
+                );
+                out.push(o);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Finishes one turn if no live process holds it. `None` when it is in flight elsewhere.
+fn recover_one(kernel: &mut Kernel, turn_key: &str) -> Result<Option<TurnOutcome>> {
+    let Some(lock) = TurnLock::try_acquire(kernel, turn_key)? else {
+        return Ok(None);
+    };
+    let mut rec = inspect(kernel, turn_key)?;
+    let mut data = journal_data(&rec)?;
+    if rec.status == JournalStatus::InProgress.as_str() {
+        data.recovered = true;
+        let warnings = advance(kernel, &mut rec, &mut data, false)?;
+        let mut o = TurnOutcome::from_journal(&rec, &data);
+        o.warnings = warnings;
+        lock.finish();
+        return Ok(Some(o));
+    }
+    lock.finish();
+    let mut o = TurnOutcome::from_journal(&rec, &data);
+    o.replayed = true;
+    Ok(Some(o))
+}
+
+/// The phase to run next, from the journal alone.
+fn next_phase(rec: &TurnRecord, data: &JournalData) -> Phase {
+    let failed = data.kind.is_some_and(TurnResultKind::is_failure);
+    match rec.phases.last().and_then(|p| Phase::parse(p).ok()) {
+        None => Phase::HostExecute,
+        Some(Phase::HostExecute) => Phase::TypedResult,
+        Some(Phase::TypedResult) if failed => Phase::TerminalCloseout,
+        Some(Phase::TypedResult) => Phase::Validation,
+        Some(Phase::Validation) if failed => Phase::TerminalCloseout,
+        Some(Phase::Validation) => Phase::DurableWriteback,
+        Some(Phase::DurableWriteback) if data.kind.is_some_and(TurnResultKind::spends) => {
+            Phase::QuotaSpend
+        }
+        Some(Phase::DurableWriteback | Phase::QuotaSpend | Phase::TerminalCloseout) => {
+            Phase::TerminalCloseout
+        }
+    }
+}
+
+/// Commits `phase`: checks the row still has the phases we last saw, applies `effects`, appends
+/// the phase, and (for `terminal_closeout`) settles the status, all in one transaction.
+fn commit_phase(
+    kernel: &mut Kernel,
+    rec: &mut TurnRecord,
+    data: &mut JournalData,
+    phase: Phase,
+    effects: impl FnOnce(&dyn StoreTx, &mut JournalData, i64) -> Result<()>,
+) -> Result<()> {
+    let mut next_rec = rec.clone();
+    let mut next = data.clone();
+    kernel.write(|tx| {
+        let now = now_ms();
+        let current = tx.turn(&rec.turn_key)?.ok_or_else(|| {
+            not_found(format!("turn '{}' vanished from the journal", rec.turn_key))
+        })?;
+        if current.status != JournalStatus::InProgress.as_str() || current.phases != rec.phases {
+            return Err(conflict(format!(
+                "turn '{}' was advanced by another process (now {} after [{}]); nothing was applied twice",
+                rec.turn_key,
+                current.status,
+                current.phases.join(", ")
+            )));
+        }
+        effects(tx, &mut next, now)?;
+        next_rec.phases.push(phase.as_str().to_string());
+        if phase == Phase::TerminalCloseout {
+            let kind = next.kind.unwrap_or(TurnResultKind::TerminalCloseoutFailed);
+            next_rec.status = kind.journal_status().as_str().to_string();
+            next.settled_at = Some(now);
+        }
+        next_rec.data = serde_json::to_value(&next).expect("journal data serializes");
+        next_rec.updated_at = now;
+        tx.upsert_turn(&next_rec)
+    })?;
+    *rec = next_rec;
+    *data = next;
+    crash_hook(phase.as_str());
+    Ok(())
+}
+
+fn fail(data: &mut JournalData, kind: TurnResultKind, phase: Phase, why: String) {
+    data.kind = Some(kind);
+    data.failed_phase = Some(phase);
+    data.failure = Some(why);
+}
+
+fn host_env(rec: &TurnRecord, data: &JournalData) -> Vec<(String, String)> {
+    vec![
+        ("LOOPX_GOAL_ID".into(), rec.goal_id.clone()),
+        ("LOOPX_AGENT_ID".into(), rec.agent_id.clone()),
+        (
+            "LOOPX_TODO_ID".into(),
+            rec.todo_id.clone().unwrap_or_default(),
+        ),
+        ("LOOPX_TURN_KEY".into(), rec.turn_key.clone()),
+        ("LOOPX_CLAIM_KEY".into(), data.claim.claim_key.clone()),
+        ("LOOPX_FENCE".into(), data.claim.fence.to_string()),
+        ("LOOPX_ROOT".into(), data.project_root.clone()),
+    ]
+}
+
+fn make_run(rec: &TurnRecord, data: &JournalData, kind: TurnResultKind, now: i64) -> Run {
+    let summary = match (&data.failure, &data.result) {
+        (Some(f), _) => format!("{kind}: {f}"),
+        (None, Some(r)) if !r.summary.trim().is_empty() => r.summary.clone(),
+        _ => kind.to_string(),
+    };
+    let summary: String = summary.chars().take(4000).collect();
+    Run {
+        id: new_ulid(),
+        goal_id: rec.goal_id.clone(),
+        agent_id: Some(rec.agent_id.clone()),
+        todo_id: rec.todo_id.clone(),
+        classification: kind.as_str().to_string(),
+        outcome: data.result.as_ref().map(|r| r.status.as_str().to_string()),
+        summary,
+        payload: json!({
+            "turn_key": rec.turn_key,
+            "kind": kind,
+            "capability": data.capability,
+            "host": data.host.as_ref().map(|h| json!({
+                "argv": data.host_argv,
+                "exit_code": h.exit_code,
+                "signal": h.signal,
+                "timed_out": h.timed_out,
+                "interrupted": h.interrupted,
+                "elapsed_ms": h.elapsed_ms,
+                "stdout_bytes": h.stdout_bytes,
+                "outcome": h.describe(),
+            })),
+            "result": data.result,
+            "result_error": data.result_error,
+            "validation": data.validation.as_ref().map(|v| json!({
+                "ran": v.ran, "passed": v.passed, "completion_validated": v.completion_validated, "detail": v.detail,
+            })),
+            "writeback": data.writeback.as_ref().map(|w| json!({
+                "capability": w.capability, "accepted": w.accepted, "refused": w.refused,
+                "verdicts": w.verdicts, "error": w.error,
+            })),
+            "failed_phase": data.failed_phase,
+            "failure": data.failure,
+        }),
+        created_at: now,
+    }
+}
+
+fn turn_actor(rec: &TurnRecord, proof: Option<LeaseProof>) -> Actor {
+    Actor::Agent {
+        agent_id: rec.agent_id.clone(),
+        proof,
+        turn_key: Some(rec.turn_key.clone()),
+    }
+}
+
+fn write_report(kernel: &Kernel, run: &Run, warnings: &mut Vec<String>) {
+    if kernel.paths().run_json(&run.goal_id, &run.id).exists() {
+        return;
+    }
+    if let Err(e) = kernel.write_run_report(run) {
+        warnings.push(format!("run report {}: {e}", run.id));
+    }
+}
+
+/// Runs phases until the turn is settled. `can_run_host` is false during recovery: a host whose
+/// outcome was never journaled is not run again.
+fn advance(
+    kernel: &mut Kernel,
+    rec: &mut TurnRecord,
+    data: &mut JournalData,
+    can_run_host: bool,
+) -> Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    while rec.status == JournalStatus::InProgress.as_str() {
+        match next_phase(rec, data) {
+            Phase::HostExecute if !can_run_host => {
+                fail(
+                    data,
+                    TurnResultKind::HostFailure,
+                    Phase::HostExecute,
+                    "host outcome unknown: loopx stopped before host_execute was journaled; \
+                     the host is not run again and the lease is released"
+                        .to_string(),
+                );
+                closeout(kernel, rec, data, &mut warnings)?;
+            }
+            Phase::HostExecute => {
+                let spec = ProcessSpec {
+                    argv: &data.host_argv,
+                    cwd: std::path::Path::new(&data.cwd),
+                    env: host_env(rec, data),
+                    stdin: serde_json::to_vec(&data.request).expect("request serializes"),
+                    timeout: Duration::from_millis(data.timeout_ms),
+                    stdout_cap: MAX_STDOUT,
+                    stderr_cap: MAX_STDERR_TAIL,
+                };
+                let outcome = run_process(&spec);
+                commit_phase(kernel, rec, data, Phase::HostExecute, |_, d, _| {
+                    d.host = Some(outcome);
+                    Ok(())
+                })?;
+            }
+            Phase::TypedResult => {
+                let host = data.host.clone().unwrap_or_default();
+                let key = rec.turn_key.clone();
+                commit_phase(kernel, rec, data, Phase::TypedResult, |_, d, _| {
+                    if !host.exited_ok() {
+                        let why = match parse_result(&host, &key) {
+                            Ok(_) => format!("host {}", host.describe()),
+                            Err(e) => format!("host {} (result: {e})", host.describe()),
+                        };
+                        fail(d, TurnResultKind::HostFailure, Phase::HostExecute, why);
+                        return Ok(());
+                    }
+                    match parse_result(&host, &key) {
+                        Ok(r) => d.result = Some(r),
+                        Err(e) => {
+                            d.result_error = Some(e.clone());
+                            fail(
+                                d,
+                                TurnResultKind::ValidationFailed,
+                                Phase::TypedResult,
+                                format!("host exited 0 but its result is malformed: {e}"),
+                            );
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
+            Phase::Validation => {
+                let record = validate(rec, data);
+                commit_phase(kernel, rec, data, Phase::Validation, |_, d, _| {
+                    if !record.passed {
+                        fail(
+                            d,
+                            TurnResultKind::ValidationFailed,
+                            Phase::Validation,
+                            format!("validator rejected the result: {}", record.detail),
+                        );
+                    }
+                    d.validation = Some(record);
+                    Ok(())
+                })?;
+            }
+            Phase::DurableWriteback => writeback(kernel, rec, data, &mut warnings)?,
+            Phase::QuotaSpend => {
+                let req = SpendRequest {
+                    goal_id: rec.goal_id.clone(),
+                    agent_id: Some(rec.agent_id.clone()),
+                    slots: 1,
+                    effect_id: Some(format!("turn:{}", rec.turn_key)),
+                };
+                let actor = turn_actor(rec, None);
+                commit_phase(kernel, rec, data, Phase::QuotaSpend, |tx, d, now| {
+                    match spend_in_tx(tx, &actor, &req, now) {
+                        Ok(receipt) => {
+                            d.spend = Some(SpendRecord {
+                                effect_id: receipt.entry.effect_id,
+                                slots: receipt.entry.slots,
+                                idempotent_replay: receipt.idempotent_replay,
+                            })
+                        }
+                        Err(e @ (LoopxError::Internal { .. } | LoopxError::Corrupt { .. })) => {
+                            return Err(e);
+                        }
+                        Err(e) => fail(
+                            d,
+                            TurnResultKind::QuotaSpendFailed,
+                            Phase::QuotaSpend,
+                            e.to_string(),
+                        ),
+                    }
+                    Ok(())
+                })?;
+            }
+            Phase::TerminalCloseout => closeout(kernel, rec, data, &mut warnings)?,
+        }
+    }
+    Ok(warnings)
+}
+
+/// The validation verdict (runs the validator for `progress`/`completed` claims).
+fn validate(rec: &TurnRecord, data: &JournalData) -> ValidationRecord {
+    let result = data
+        .result
+        .as_ref()
+        .expect("validation follows a parsed result");
+    let delivery = matches!(result.status, HostStatus::Progress | HostStatus::Completed);
+    let completed = result.status == HostStatus::Completed;
+    if !delivery {
+        return ValidationRecord {
+            ran: false,
+            passed: true,
+            completion_validated: false,
+            detail: format!(
+                "'{}' claims no delivery; nothing to validate",
+                result.status
+            ),
+            validator: None,
+        };
+    }
+    let Some(argv) = &data.validate_argv else {
+        let (completion_validated, detail) = match (completed, data.trust_host_completion) {
+            (true, true) => (
+                true,
+                "no validator; completion trusted (--trust-host-completion)".to_string(),
+            ),
+            (true, false) => (
+                false,
+                "no validator: the completion claim is recorded as progress (pass --validate-json, or --trust-host-completion)".to_string(),
+            ),
+            (false, _) => (false, "no validator; progress recorded".to_string()),
+        };
+        return ValidationRecord {
+            ran: false,
+            passed: true,
+            completion_validated,
+            detail,
+            validator: None,
+        };
+    };
+    let spec = ProcessSpec {
+        argv,
+        cwd: std::path::Path::new(&data.cwd),
+        env: host_env(rec, data),
+        stdin: serde_json::to_vec(result).expect("result serializes"),
+        timeout: Duration::from_millis(data.timeout_ms),
+        stdout_cap: 4096,
+        stderr_cap: MAX_STDERR_TAIL,
+    };
+    let outcome = run_process(&spec);
+    let passed = outcome.exited_ok();
+    ValidationRecord {
+        ran: true,
+        passed,
+        completion_validated: passed && completed,
+        detail: format!("validator {}", outcome.describe()),
+        validator: Some(outcome),
+    }
+}
+
+fn writeback(
+    kernel: &mut Kernel,
+    rec: &mut TurnRecord,
+    data: &mut JournalData,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    let result = data
+        .result
+        .clone()
+        .expect("writeback follows a parsed result");
+    let todo_id = rec.todo_id.clone().unwrap_or_default();
+    let completion_validated = data
+        .validation
+        .as_ref()
+        .is_some_and(|v| v.completion_validated);
+    let (proposals, call, cap_error) = if data.capability == BUILTIN {
+        (
+            builtin_proposals(&todo_id, &rec.agent_id, &result, completion_validated),
+            Value::Null,
+            None,
+        )
+    } else {
+        let payload = capability_payload(&rec.turn_key, &todo_id, &result, completion_validated);
+        match wasm_proposals(
+            kernel,
+            &data.capability,
+            &rec.goal_id,
+            &rec.agent_id,
+            payload,
+        ) {
+            Ok((p, call)) => (p, call, None),
+            Err(e) => (Vec::new(), Value::Null, Some(e)),
+        }
+    };
+    let source = ProposalSource {
+        goal_id: rec.goal_id.clone(),
+        agent_id: Some(rec.agent_id.clone()),
+        capability: data.capability.clone(),
+        turn_key: Some(rec.turn_key.clone()),
+    };
+    let actor = turn_actor(rec, None);
+    let rec_snapshot = rec.clone();
+    let mut run_written: Option<Run> = None;
+    commit_phase(kernel, rec, data, Phase::DurableWriteback, |tx, d, now| {
+        let mut wb = WritebackRecord {
+            capability: d.capability.clone(),
+            proposals: proposals.clone(),
+            verdicts: Vec::new(),
+            accepted: 0,
+            refused: 0,
+            error: cap_error.clone(),
+            todo_status_after: None,
+            call,
+        };
+        if let Some(e) = &cap_error {
+            fail(
+                d,
+                TurnResultKind::WritebackFailed,
+                Phase::DurableWriteback,
+                e.clone(),
+            );
+            d.writeback = Some(wb);
+            return Ok(());
+        }
+        let report = admit_in_tx(tx, &source, &proposals, false, now)?;
+        let after = tx.todo(&rec_snapshot.goal_id, &todo_id)?.map(|t| t.status);
+        wb.verdicts = report.verdicts.clone();
+        wb.accepted = report.accepted;
+        wb.refused = report.refused;
+        wb.todo_status_after = after;
+        d.writeback = Some(wb);
+        let kind = if !proposals.is_empty() && report.accepted == 0 {
+            let first = report
+                .verdicts
+                .first()
+                .map(|v| format!("{}: {}", v.transition, v.reason))
+                .unwrap_or_default();
+            fail(
+                d,
+                TurnResultKind::WritebackFailed,
+                Phase::DurableWriteback,
+                format!("every proposal was refused (first: {first})"),
+            );
+            TurnResultKind::WritebackFailed
+        } else {
+            let k = match result.status {
+                HostStatus::Completed if after == Some(TodoStatus::Completed) => {
+                    TurnResultKind::ValidatedCompletion
+                }
+                HostStatus::Progress | HostStatus::Completed => TurnResultKind::ValidatedProgress,
+                HostStatus::RepairRequired => TurnResultKind::RepairRequired,
+                HostStatus::ReplanRequired => TurnResultKind::ReplanRequired,
+                HostStatus::UserActionRequired => TurnResultKind::UserActionRequired,
+                HostStatus::Wait => TurnResultKind::Wait,
+            };
+            d.kind = Some(k);
+            k
+        };
+        let run = make_run(&rec_snapshot, d, kind, now);
+        record_run_in_tx(tx, &actor, &run)?;
+        d.run_id = Some(run.id.clone());
+        run_written = Some(run);
+        Ok(())
+    })?;
+    if let Some(run) = run_written {
+        write_report(kernel, &run, warnings);
+    }
+    Ok(())
+}
+
+/// Releases the lease (unless completion or a block already cleared it), records the run row when
+/// no earlier phase did, and settles the journal status.
+fn closeout(
+    kernel: &mut Kernel,
+    rec: &mut TurnRecord,
+    data: &mut JournalData,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    let snapshot = rec.clone();
+    let actor = turn_actor(rec, Some(LeaseProof::Fence(data.claim.fence)));
+    let mut run_written: Option<Run> = None;
+    commit_phase(kernel, rec, data, Phase::TerminalCloseout, |tx, d, now| {
+        let todo_id = snapshot.todo_id.clone().unwrap_or_default();
+        let lease = match tx.todo(&snapshot.goal_id, &todo_id)? {
+            None => "not_held: the todo no longer exists".to_string(),
+            Some(t) => match &t.claim {
+                None => "cleared".to_string(),
+                Some(c) if c.fence != d.claim.fence || c.agent_id != snapshot.agent_id => {
+                    format!("not_held: taken over by {} (fence {})", c.agent_id, c.fence)
+                }
+                Some(_) => match release_in_tx(tx, &actor, &snapshot.goal_id, &todo_id, now) {
+                    Ok(_) => "released".to_string(),
+                    Err(e @ (LoopxError::Internal { .. } | LoopxError::Corrupt { .. })) => {
+                        return Err(e);
+                    }
+                    Err(e) => {
+                        fail(
+                            d,
+                            TurnResultKind::TerminalCloseoutFailed,
+                            Phase::TerminalCloseout,
+                            format!("the lease could not be released: {e}"),
+                        );
+                        format!("not_released: {e}")
+                    }
+                },
+            },
+        };
+        d.lease = Some(lease);
+        if d.kind.is_none() {
+            fail(
+                d,
+                TurnResultKind::TerminalCloseoutFailed,
+                Phase::TerminalCloseout,
+                "the turn reached closeout without a result kind".to_string(),
+            );
+        }
+        if d.run_id.is_none() {
+            let kind = d.kind.expect("set above");
+            let run = make_run(&snapshot, d, kind, now);
+            record_run_in_tx(tx, &turn_actor(&snapshot, None), &run)?;
+            d.run_id = Some(run.id.clone());
+            run_written = Some(run);
+        }
+        Ok(())
+    })?;
+    if let Some(run) = run_written {
+        write_report(kernel, &run, warnings);
+    } else if let Some(run_id) = &data.run_id {
+        // A recovered turn whose report was not written before the crash.
+        if !kernel.paths().run_json(&rec.goal_id, run_id).exists()
+            && let Some(run) = kernel.read(|tx| tx.run(&rec.goal_id, run_id))?
+        {
+            write_report(kernel, &run, warnings);
+        }
+    }
+    if let Err(e) = kernel.write_goal_projection(&rec.goal_id) {
+        warnings.push(format!("goal projection: {e}"));
+    }
+    Ok(())
+}

@@ -1,0 +1,399 @@
+//! `loopx loop`: turns under a bounded budget, steered by a pure loop controller.
+//!
+//! [`decide_loop`] is a pure function of the last turn's outcome, the fresh decision's route and
+//! the budget; it launches nothing and writes nothing. [`run_loop`] carries its dispositions out:
+//! run a turn, sleep per the scheduler hint, or stop. SIGINT/SIGTERM (see
+//! [`super::host::install_stop_handlers`]) terminate the host's process group, the turn in flight
+//! settles (as `host_failure`), and the loop stops.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::TurnResultKind;
+use super::driver::{TurnOutcome, TurnRequest, plan, run_turn};
+use super::host::stop_requested;
+use crate::clock::now_ms;
+use crate::error::{Result, bad_input};
+use crate::kernel::Kernel;
+use crate::kernel::decision::TurnRoute;
+use crate::kernel::model::wire_enum;
+
+pub const LOOP_SCHEMA: &str = "loopx.loop_report.v1";
+
+wire_enum!(
+    /// What the loop does next.
+    LoopDisposition {
+        RunNow => "run_now",
+        Wait => "wait",
+        UserActionRequired => "user_action_required",
+        Repair => "repair",
+        Replan => "replan",
+        Terminal => "terminal",
+    }
+);
+
+/// The bounded turn budget of one `loopx loop`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Budget {
+    pub max_turns: u32,
+    pub completed_turns: u32,
+    /// Failure kinds in a row, most recent last.
+    pub consecutive_failures: u32,
+    /// This many failures in a row turn into `repair` (the loop stops).
+    pub max_consecutive_failures: u32,
+}
+
+impl Budget {
+    pub fn new(max_turns: u32, max_consecutive_failures: u32) -> Budget {
+        Budget {
+            max_turns,
+            completed_turns: 0,
+            consecutive_failures: 0,
+            max_consecutive_failures,
+        }
+    }
+
+    pub fn remaining(&self) -> u32 {
+        self.max_turns.saturating_sub(self.completed_turns)
+    }
+
+    /// Counts a settled turn.
+    pub fn record(&mut self, kind: TurnResultKind) {
+        self.completed_turns += 1;
+        if kind.is_failure() {
+            self.consecutive_failures += 1;
+        } else {
+            self.consecutive_failures = 0;
+        }
+    }
+}
+
+/// The loop controller. Pure: no I/O, no state.
+///
+/// | Input (first match wins) | Disposition |
+/// |---|---|
+/// | budget used up | `terminal` |
+/// | last turn `replan_required` | `replan` |
+/// | last turn `repair_required` | `repair` |
+/// | last turn `user_action_required` | `user_action_required` |
+/// | last turn `wait` | `wait` |
+/// | last turn a failure kind, `max_consecutive_failures` in a row | `repair` |
+/// | route `ready_for_host` | `run_now` |
+/// | route `replan_required` | `replan` |
+/// | route `repair_required` | `repair` |
+/// | route `user_action_required` | `user_action_required` |
+/// | route `wait` or `blocked` | `wait` |
+/// | route `contract_error` | `terminal` |
+pub fn decide_loop(
+    last: Option<&TurnOutcome>,
+    decision_route: TurnRoute,
+    budget: &Budget,
+) -> LoopDisposition {
+    if budget.completed_turns >= budget.max_turns {
+        return LoopDisposition::Terminal;
+    }
+    if let Some(kind) = last.and_then(|o| o.kind) {
+        match kind {
+            TurnResultKind::ReplanRequired => return LoopDisposition::Replan,
+            TurnResultKind::RepairRequired => return LoopDisposition::Repair,
+            TurnResultKind::UserActionRequired => return LoopDisposition::UserActionRequired,
+            TurnResultKind::Wait => return LoopDisposition::Wait,
+            k if k.is_failure()
+                && budget.consecutive_failures >= budget.max_consecutive_failures =>
+            {
+                return LoopDisposition::Repair;
+            }
+            _ => {}
+        }
+    }
+    match decision_route {
+        TurnRoute::ReadyForHost => LoopDisposition::RunNow,
+        TurnRoute::ReplanRequired => LoopDisposition::Replan,
+        TurnRoute::RepairRequired => LoopDisposition::Repair,
+        TurnRoute::UserActionRequired => LoopDisposition::UserActionRequired,
+        TurnRoute::Wait | TurnRoute::Blocked => LoopDisposition::Wait,
+        TurnRoute::ContractError => LoopDisposition::Terminal,
+    }
+}
+
+/// A `loopx loop` invocation.
+#[derive(Debug, Clone)]
+pub struct LoopRequest {
+    /// The turn to repeat (its `turn_key` is ignored: every turn gets a fresh key).
+    pub turn: TurnRequest,
+    pub max_turns: u32,
+    /// Stop instead of sleeping once nothing is runnable for this agent and no other agent holds
+    /// work on the goal.
+    pub until_idle: bool,
+    /// Longest sleep between decisions.
+    pub max_sleep_seconds: u64,
+    pub max_consecutive_failures: u32,
+}
+
+/// What a loop did.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoopReport {
+    pub schema_version: &'static str,
+    pub goal_id: String,
+    pub agent_id: String,
+    pub turns: Vec<TurnOutcome>,
+    pub budget: Budget,
+    pub final_disposition: LoopDisposition,
+    pub final_route: TurnRoute,
+    pub stop_reason: String,
+    pub interrupted: bool,
+    pub elapsed_ms: u64,
+}
+
+/// Sleeps up to `d`, waking early on SIGINT/SIGTERM.
+fn sleep_interruptible(d: Duration) {
+    let end = Instant::now() + d;
+    while !stop_requested() {
+        let now = Instant::now();
+        if now >= end {
+            return;
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(100)));
+    }
+}
+
+/// Whether another agent holds a live lease on this goal (its work may unlock ours).
+fn others_working(kernel: &mut Kernel, goal_id: &str, agent_id: &str) -> Result<bool> {
+    let now = now_ms();
+    Ok(kernel
+        .todos(goal_id)?
+        .iter()
+        .any(|t| t.live_claim(now).is_some_and(|c| c.agent_id != agent_id)))
+}
+
+/// Runs turns until the controller says stop, the budget is used up, or a signal arrives.
+/// `on_turn(index, budget, outcome)` is called after every settled turn (for progress lines).
+pub fn run_loop(
+    kernel: &mut Kernel,
+    req: &LoopRequest,
+    mut on_turn: impl FnMut(u32, &Budget, &TurnOutcome),
+) -> Result<LoopReport> {
+    if req.max_turns == 0 {
+        return Err(bad_input("--max-turns must be at least 1"));
+    }
+    super::driver::check_request(&req.turn)?;
+    let started = Instant::now();
+    let goal_id = req.turn.goal_id.clone();
+    let agent_id = req.turn.agent_id.clone();
+    let mut budget = Budget::new(req.max_turns, req.max_consecutive_failures.max(1));
+    let mut turns: Vec<TurnOutcome> = Vec::new();
+    let mut last: Option<TurnOutcome> = None;
+    let max_sleep = Duration::from_secs(req.max_sleep_seconds.max(1));
+    let (disposition, route, stop_reason) = loop {
+        if stop_requested() {
+            break (
+                LoopDisposition::Terminal,
+                TurnRoute::Blocked,
+                "interrupted by a signal".to_string(),
+            );
+        }
+        let decision = plan(kernel, &goal_id, &agent_id)?;
+        let disposition = decide_loop(last.as_ref(), decision.route, &budget);
+        let why = match &last {
+            Some(o) if o.kind.is_some() && disposition != LoopDisposition::RunNow => format!(
+                "after {} turn {}: {}",
+                o.kind.map(|k| k.as_str()).unwrap_or("-"),
+                o.turn_key.as_deref().unwrap_or("-"),
+                decision.reason
+            ),
+            _ => decision.reason.clone(),
+        };
+        match disposition {
+            LoopDisposition::RunNow => {
+                let mut turn = req.turn.clone();
+                turn.turn_key = None;
+                let outcome = run_turn(kernel, &turn)?;
+                let Some(kind) = outcome.kind else {
+                    // Another agent took the work between the decision and the claim.
+                    sleep_interruptible(Duration::from_millis(100));
+                    continue;
+                };
+                budget.record(kind);
+                on_turn(budget.completed_turns, &budget, &outcome);
+                turns.push(outcome.clone());
+                last = Some(outcome);
+            }
+            LoopDisposition::Terminal if budget.remaining() == 0 => {
+                break (
+                    disposition,
+                    decision.route,
+                    format!("turn budget of {} used", budget.max_turns),
+                );
+            }
+            LoopDisposition::Terminal | LoopDisposition::Repair => {
+                break (disposition, decision.route, why);
+            }
+            LoopDisposition::Wait
+            | LoopDisposition::UserActionRequired
+            | LoopDisposition::Replan => {
+                if req.until_idle {
+                    let keep_waiting = disposition == LoopDisposition::Wait
+                        && decision.route == TurnRoute::Wait
+                        && decision.scheduler_action != "wait_for_quota"
+                        && others_working(kernel, &goal_id, &agent_id)?;
+                    if !keep_waiting {
+                        break (disposition, decision.route, format!("idle: {why}"));
+                    }
+                }
+                let hint = Duration::from_secs(decision.next_check_after_seconds.max(1));
+                sleep_interruptible(hint.min(max_sleep));
+                // The receipt has been acted on; the next decision starts fresh.
+                last = None;
+            }
+        }
+    };
+    Ok(LoopReport {
+        schema_version: LOOP_SCHEMA,
+        goal_id,
+        agent_id,
+        turns,
+        budget,
+        final_disposition: disposition,
+        final_route: route,
+        stop_reason,
+        interrupted: stop_requested(),
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::turn::driver::OUTCOME_SCHEMA;
+
+    fn outcome(kind: TurnResultKind) -> TurnOutcome {
+        TurnOutcome {
+            schema_version: OUTCOME_SCHEMA,
+            goal_id: "g".into(),
+            agent_id: "a".into(),
+            route: TurnRoute::ReadyForHost,
+            reason: String::new(),
+            turn_key: Some("turn-x".into()),
+            todo_id: Some("t1".into()),
+            kind: Some(kind),
+            status: None,
+            phases: Vec::new(),
+            failed_phase: None,
+            detail: String::new(),
+            run_id: None,
+            spent: false,
+            lease: None,
+            replayed: false,
+            recovered: false,
+            recovered_turns: Vec::new(),
+            next_check_after_seconds: 0,
+            elapsed_ms: 0,
+            warnings: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn routes_map_without_a_previous_turn() {
+        let b = Budget::new(3, 2);
+        let cases = [
+            (TurnRoute::ReadyForHost, LoopDisposition::RunNow),
+            (TurnRoute::ReplanRequired, LoopDisposition::Replan),
+            (TurnRoute::RepairRequired, LoopDisposition::Repair),
+            (
+                TurnRoute::UserActionRequired,
+                LoopDisposition::UserActionRequired,
+            ),
+            (TurnRoute::Wait, LoopDisposition::Wait),
+            (TurnRoute::Blocked, LoopDisposition::Wait),
+            (TurnRoute::ContractError, LoopDisposition::Terminal),
+        ];
+        for (route, want) in cases {
+            assert_eq!(decide_loop(None, route, &b), want, "route {route}");
+        }
+    }
+
+    #[test]
+    fn exhausted_budget_is_terminal_whatever_the_route() {
+        let mut b = Budget::new(2, 2);
+        b.record(TurnResultKind::ValidatedProgress);
+        assert_eq!(
+            decide_loop(None, TurnRoute::ReadyForHost, &b),
+            LoopDisposition::RunNow
+        );
+        b.record(TurnResultKind::ValidatedProgress);
+        assert_eq!(b.remaining(), 0);
+        let last = outcome(TurnResultKind::ValidatedProgress);
+        for route in TurnRoute::ALL {
+            assert_eq!(
+                decide_loop(Some(&last), *route, &b),
+                LoopDisposition::Terminal
+            );
+        }
+    }
+
+    #[test]
+    fn receipts_steer_before_the_route() {
+        let b = Budget::new(10, 2);
+        let cases = [
+            (TurnResultKind::ReplanRequired, LoopDisposition::Replan),
+            (TurnResultKind::RepairRequired, LoopDisposition::Repair),
+            (
+                TurnResultKind::UserActionRequired,
+                LoopDisposition::UserActionRequired,
+            ),
+            (TurnResultKind::Wait, LoopDisposition::Wait),
+            (TurnResultKind::ValidatedProgress, LoopDisposition::RunNow),
+            (TurnResultKind::ValidatedCompletion, LoopDisposition::RunNow),
+        ];
+        for (kind, want) in cases {
+            assert_eq!(
+                decide_loop(Some(&outcome(kind)), TurnRoute::ReadyForHost, &b),
+                want,
+                "kind {kind}"
+            );
+        }
+        // A successful turn defers to the fresh route.
+        assert_eq!(
+            decide_loop(
+                Some(&outcome(TurnResultKind::ValidatedCompletion)),
+                TurnRoute::ReplanRequired,
+                &b
+            ),
+            LoopDisposition::Replan
+        );
+    }
+
+    #[test]
+    fn failures_retry_until_the_streak_limit_then_repair() {
+        let mut b = Budget::new(10, 2);
+        for kind in [
+            TurnResultKind::HostFailure,
+            TurnResultKind::ValidationFailed,
+            TurnResultKind::WritebackFailed,
+            TurnResultKind::QuotaSpendFailed,
+            TurnResultKind::TerminalCloseoutFailed,
+        ] {
+            let mut one = Budget::new(10, 2);
+            one.record(kind);
+            assert_eq!(
+                decide_loop(Some(&outcome(kind)), TurnRoute::ReadyForHost, &one),
+                LoopDisposition::RunNow,
+                "{kind} once is retried"
+            );
+        }
+        b.record(TurnResultKind::HostFailure);
+        b.record(TurnResultKind::ValidationFailed);
+        assert_eq!(b.consecutive_failures, 2);
+        assert_eq!(
+            decide_loop(
+                Some(&outcome(TurnResultKind::ValidationFailed)),
+                TurnRoute::ReadyForHost,
+                &b
+            ),
+            LoopDisposition::Repair
+        );
+        b.record(TurnResultKind::ValidatedProgress);
+        assert_eq!(b.consecutive_failures, 0);
+    }
+}

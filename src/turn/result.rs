@@ -1,0 +1,190 @@
+//! The host's side of the protocol: the request it reads on stdin and the result it prints on
+//! stdout (`loopx.turn_result.v1`), with every limit checked here, in one place.
+//!
+//! Unknown fields are refused at every level (`deny_unknown_fields`): a host that misspells
+//! `evidence` must hear about it, not have its evidence silently dropped.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::host::ProcessOutcome;
+use crate::kernel::model::wire_enum;
+use crate::kernel::transition::{MAX_PROPOSAL_TEXT, Transition};
+
+pub const REQUEST_SCHEMA: &str = "loopx.turn_request.v1";
+pub const RESULT_SCHEMA: &str = "loopx.turn_result.v1";
+
+/// Most stdout bytes read from a host; more is `oversized` (the result is refused).
+pub const MAX_STDOUT: usize = 64 * 1024;
+/// Stderr tail kept in the journal.
+pub const MAX_STDERR_TAIL: usize = 4 * 1024;
+pub const MAX_SUMMARY: usize = 2000;
+pub const MAX_EVIDENCE_ITEMS: usize = 32;
+pub const MAX_OBSERVATIONS: usize = 64;
+/// Largest serialized `data` of one observation.
+pub const MAX_OBSERVATION_BYTES: usize = 16 * 1024;
+pub const MAX_HOST_PROPOSALS: usize = 64;
+
+wire_enum!(
+    /// What the host says its turn achieved.
+    HostStatus {
+        Progress => "progress",
+        Completed => "completed",
+        RepairRequired => "repair_required",
+        ReplanRequired => "replan_required",
+        UserActionRequired => "user_action_required",
+        Wait => "wait",
+    }
+);
+
+/// One piece of evidence: what was done and how it was checked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvidenceItem {
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_path: Option<String>,
+}
+
+/// A structured observation handed to the todo's capability.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObservationItem {
+    pub kind: String,
+    #[serde(default)]
+    pub data: Value,
+}
+
+/// The result a host prints on stdout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostResult {
+    pub schema_version: String,
+    /// Optional echo of the request's turn key; when present it must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_key: Option<String>,
+    pub status: HostStatus,
+    #[serde(default)]
+    pub summary: String,
+    #[serde(default)]
+    pub evidence: Vec<EvidenceItem>,
+    #[serde(default)]
+    pub observations: Vec<ObservationItem>,
+    /// Explicit kernel transitions; honoured only by the built-in default capability.
+    #[serde(default)]
+    pub proposals: Vec<Transition>,
+}
+
+/// Parses and checks a host's stdout. The error is a sentence naming the problem.
+pub fn parse_result(out: &ProcessOutcome, turn_key: &str) -> Result<HostResult, String> {
+    if out.stdout_oversized {
+        return Err(format!(
+            "stdout is {} bytes; the limit is {MAX_STDOUT}",
+            out.stdout_bytes
+        ));
+    }
+    if !out.stdout_utf8 {
+        return Err("stdout is not valid UTF-8".to_string());
+    }
+    let text = out.stdout.trim();
+    if text.is_empty() {
+        return Err(format!(
+            "stdout is empty; the host must print one {RESULT_SCHEMA} JSON object"
+        ));
+    }
+    let result: HostResult = serde_json::from_str(text).map_err(|e| {
+        let head: String = text.chars().take(120).collect();
+        format!("stdout is not a {RESULT_SCHEMA} object: {e} (stdout starts: {head:?})")
+    })?;
+    check_result(&result, turn_key)?;
+    Ok(result)
+}
+
+fn check_result(r: &HostResult, turn_key: &str) -> Result<(), String> {
+    if r.schema_version != RESULT_SCHEMA {
+        return Err(format!(
+            "schema_version is '{}'; expected '{RESULT_SCHEMA}'",
+            r.schema_version
+        ));
+    }
+    if let Some(k) = &r.turn_key
+        && k != turn_key
+    {
+        return Err(format!(
+            "turn_key '{k}' does not match this turn ('{turn_key}')"
+        ));
+    }
+    if r.summary.len() > MAX_SUMMARY {
+        return Err(format!(
+            "summary is {} bytes; the limit is {MAX_SUMMARY}",
+            r.summary.len()
+        ));
+    }
+    if r.evidence.len() > MAX_EVIDENCE_ITEMS {
+        return Err(format!(
+            "{} evidence items; the limit is {MAX_EVIDENCE_ITEMS}",
+            r.evidence.len()
+        ));
+    }
+    for (i, e) in r.evidence.iter().enumerate() {
+        if e.text.trim().is_empty() {
+            return Err(format!("evidence[{i}].text is empty"));
+        }
+        if e.text.len() > MAX_PROPOSAL_TEXT {
+            return Err(format!(
+                "evidence[{i}].text is {} bytes; the limit is {MAX_PROPOSAL_TEXT}",
+                e.text.len()
+            ));
+        }
+        if let Some(p) = &e.artifact_path
+            && (p.is_empty() || p.len() > 1024 || p.contains('\0'))
+        {
+            return Err(format!(
+                "evidence[{i}].artifact_path must be 1-1024 bytes without NUL"
+            ));
+        }
+    }
+    if r.observations.len() > MAX_OBSERVATIONS {
+        return Err(format!(
+            "{} observations; the limit is {MAX_OBSERVATIONS}",
+            r.observations.len()
+        ));
+    }
+    for (i, o) in r.observations.iter().enumerate() {
+        if o.kind.is_empty() || o.kind.len() > 120 {
+            return Err(format!("observations[{i}].kind must be 1-120 bytes"));
+        }
+        let size = serde_json::to_string(&o.data).map(|s| s.len()).unwrap_or(0);
+        if size > MAX_OBSERVATION_BYTES {
+            return Err(format!(
+                "observations[{i}].data is {size} bytes; the limit is {MAX_OBSERVATION_BYTES}"
+            ));
+        }
+    }
+    if r.proposals.len() > MAX_HOST_PROPOSALS {
+        return Err(format!(
+            "{} proposals; the limit is {MAX_HOST_PROPOSALS}",
+            r.proposals.len()
+        ));
+    }
+    Ok(())
+}
+
+/// The schema hint sent in every request, so a host can be written from the request alone.
+pub fn result_schema_hint() -> Value {
+    json!({
+        "schema_version": RESULT_SCHEMA,
+        "stdout": "exactly one JSON object; nothing else on stdout (use stderr for logs)",
+        "max_stdout_bytes": MAX_STDOUT,
+        "unknown_fields": "refused",
+        "fields": {
+            "schema_version": format!("required, \"{RESULT_SCHEMA}\""),
+            "turn_key": "optional; when present must equal the request's turn_key",
+            "status": format!("required, one of {}", HostStatus::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")),
+            "summary": format!("string, at most {MAX_SUMMARY} bytes"),
+            "evidence": format!("at most {MAX_EVIDENCE_ITEMS} of {{\"text\": string, \"artifact_path\"?: string}}"),
+            "observations": format!("at most {MAX_OBSERVATIONS} of {{\"kind\": string, \"data\": any JSON}}, passed to the todo's capability"),
+            "proposals": "optional kernel transitions (builtin:default capability only)",
+        },
+    })
+}
