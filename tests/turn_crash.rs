@@ -1,0 +1,229 @@
+//! Crash injection: `loopx turn run` is SIGKILLed right after each phase commits
+//! (LOOPX_TEST_CRASH_AFTER, a test-only hook), then `loopx turn recover` must finish the turn
+//! exactly once: one spend row, the evidence once, the host never re-run, the lease held until
+//! recovery and released (or cleared by completion) after it, and a second recover is a no-op.
+
+mod turn_support;
+
+use std::os::unix::process::ExitStatusExt;
+
+use serde_json::Value;
+use turn_support::{Project, result_host};
+
+/// Runs a validated completion turn that dies after `point`; returns the project and turn key.
+fn crashed_turn(point: &str) -> (Project, String) {
+    let p = Project::new();
+    p.add_todo("t1");
+    p.add_todo("t2");
+    let host = p.script("host.sh", &result_host("completed"));
+    let validator = p.script("validate.sh", "cat > /dev/null\nexit 0\n");
+    let out = p
+        .cmd(&[
+            "turn",
+            "run",
+            "--goal-id",
+            "g",
+            "--agent-id",
+            "a1",
+            "--validate-json",
+            &format!("[\"{validator}\"]"),
+            "--",
+            &host,
+        ])
+        .env("LOOPX_TEST_CRASH_AFTER", point)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGKILL),
+        "loopx should have been killed after {point}: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = p.hosts_log();
+    let key = if point == "start" {
+        assert!(log.is_empty(), "the host must not have run before start committed");
+        // The journal row exists; recovery reports its key.
+        String::new()
+    } else {
+        assert_eq!(log.len(), 1, "host ran once before the crash");
+        log[0].split(' ').nth(2).unwrap().to_string()
+    };
+    (p, key)
+}
+
+fn recover(p: &Project) -> Vec<Value> {
+    p.json(&["turn", "recover", "--goal-id", "g"])["turns"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn assert_completed_once(p: &Project, key: &str) {
+    let j = p.journal(key);
+    assert_eq!(j["status"], "committed", "journal: {j}");
+    assert_eq!(j["data"]["kind"], "validated_completion");
+    assert_eq!(
+        j["phases"],
+        serde_json::json!([
+            "host_execute",
+            "typed_result",
+            "validation",
+            "durable_writeback",
+            "quota_spend",
+            "terminal_closeout"
+        ])
+    );
+    assert_eq!(p.todo_status("t1"), "completed");
+    assert!(p.todo("t1")["todo"]["claim"].is_null());
+    assert_eq!(p.evidence_count("t1"), 1, "evidence exactly once");
+    assert_eq!(p.spends(), vec![format!("turn:{key}")], "exactly one spend row");
+    assert_eq!(p.spent_slots(), 1);
+    assert_eq!(p.hosts_log().len(), 1, "the host is never re-run");
+    let runs = p.history();
+    assert_eq!(runs.len(), 1, "one run row: {runs:?}");
+    assert_eq!(runs[0]["classification"], "validated_completion");
+    let run_id = runs[0]["run_id"].as_str().unwrap();
+    assert!(
+        p.file(&format!(".loopx/goals/g/runs/{run_id}.json")).exists(),
+        "run report written"
+    );
+    // t2 untouched.
+    assert_eq!(p.todo_status("t2"), "open");
+}
+
+fn crash_then_recover(point: &str) {
+    let (p, key) = crashed_turn(point);
+    // Until recovery the lease is kept (the turn is unsettled), unless the phase that committed
+    // already completed the todo.
+    let t1 = p.todo("t1");
+    match point {
+        "durable_writeback" | "quota_spend" | "terminal_closeout" => {
+            assert_eq!(t1["todo"]["status"], "completed")
+        }
+        _ => {
+            assert_eq!(t1["todo"]["status"], "claimed", "lease kept until recovery");
+            assert_eq!(t1["todo"]["claim"]["agent_id"], "a1");
+        }
+    }
+    let spends_before = p.spends().len();
+    assert_eq!(
+        spends_before,
+        usize::from(matches!(point, "quota_spend" | "terminal_closeout")),
+        "spend only once quota_spend committed"
+    );
+    let turns = recover(&p);
+    if point == "terminal_closeout" {
+        assert!(turns.is_empty(), "already settled: {turns:?}");
+    } else {
+        assert_eq!(turns.len(), 1, "{turns:?}");
+        assert_eq!(turns[0]["recovered"], true);
+        assert_ne!(turns[0]["status"], "in_progress");
+    }
+    assert_completed_once(&p, &key);
+    // A second recovery finds nothing and changes nothing.
+    assert!(recover(&p).is_empty());
+    assert_completed_once(&p, &key);
+    // Replaying the key returns the stored result without effects.
+    let host = p.file("host.sh");
+    let replay = p.json(&[
+        "turn", "run", "--goal-id", "g", "--agent-id", "a1", "--turn-key", &key, "--",
+        host.to_str().unwrap(),
+    ]);
+    assert_eq!(replay["turn"]["replayed"], true);
+    assert_eq!(replay["turn"]["kind"], "validated_completion");
+    assert_completed_once(&p, &key);
+}
+
+#[test]
+fn crash_after_host_execute() {
+    crash_then_recover("host_execute");
+}
+
+#[test]
+fn crash_after_typed_result() {
+    crash_then_recover("typed_result");
+}
+
+#[test]
+fn crash_after_validation() {
+    crash_then_recover("validation");
+}
+
+#[test]
+fn crash_after_durable_writeback() {
+    crash_then_recover("durable_writeback");
+}
+
+#[test]
+fn crash_after_quota_spend() {
+    crash_then_recover("quota_spend");
+}
+
+#[test]
+fn crash_after_terminal_closeout() {
+    crash_then_recover("terminal_closeout");
+}
+
+/// Killed after the claim and journal row committed but before the host outcome was journaled:
+/// the outcome is unknown, so recovery settles host_failure, releases the lease, spends nothing,
+/// and does not run the host.
+#[test]
+fn crash_before_host_outcome_settles_host_failure() {
+    let (p, _) = crashed_turn("start");
+    assert_eq!(p.todo_status("t1"), "claimed");
+    let turns = recover(&p);
+    assert_eq!(turns.len(), 1);
+    assert_eq!(turns[0]["kind"], "host_failure");
+    assert_eq!(turns[0]["status"], "failed");
+    let key = turns[0]["turn_key"].as_str().unwrap().to_string();
+    let j = p.journal(&key);
+    assert_eq!(j["phases"], serde_json::json!(["terminal_closeout"]));
+    assert_eq!(j["data"]["failed_phase"], "host_execute");
+    assert_eq!(j["data"]["lease"], "released");
+    assert_eq!(p.todo_status("t1"), "open");
+    assert!(p.todo("t1")["todo"]["claim"].is_null());
+    assert!(p.spends().is_empty());
+    assert_eq!(p.evidence_count("t1"), 0);
+    assert!(p.hosts_log().is_empty(), "host not run by recovery");
+    assert_eq!(p.history().len(), 1, "a settled turn always has a run row");
+    assert!(recover(&p).is_empty());
+}
+
+/// The next `turn run` of the same agent settles its interrupted turn first, then runs a new one.
+#[test]
+fn next_turn_run_recovers_first() {
+    let (p, key) = crashed_turn("validation");
+    let host = p.file("host.sh");
+    let out = p.json(&[
+        "turn",
+        "run",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--trust-host-completion",
+        "--",
+        host.to_str().unwrap(),
+    ]);
+    assert_eq!(out["turn"]["recovered_turns"], serde_json::json!([key]));
+    assert_eq!(out["turn"]["todo_id"], "t2");
+    assert_eq!(out["turn"]["kind"], "validated_completion");
+    assert_eq!(p.todo_status("t1"), "completed");
+    assert_eq!(p.todo_status("t2"), "completed");
+    assert_eq!(p.spends().len(), 2);
+    assert_eq!(p.hosts_log().len(), 2);
+}
+
+/// Another agent's `turn run` does not touch a1's unsettled turn.
+#[test]
+fn other_agents_do_not_recover_foreign_turns() {
+    let (p, key) = crashed_turn("typed_result");
+    let host = p.file("host.sh");
+    let out = p.json(&[
+        "turn", "run", "--goal-id", "g", "--agent-id", "a2", "--", host.to_str().unwrap(),
+    ]);
+    assert_eq!(out["turn"]["recovered_turns"], serde_json::json!([]));
+    assert_eq!(out["turn"]["todo_id"], "t2", "t1 is still leased to a1");
+    assert_eq!(p.journal(&key)["status"], "in_progress");
+}

@@ -1,0 +1,184 @@
+//! Shared helpers for the turn and loop tests: a temporary project, the `loopx` binary, and
+//! small `/bin/sh` hosts written into the project (the driver itself never uses a shell).
+#![allow(dead_code)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_loopx");
+
+pub struct Project {
+    pub dir: tempfile::TempDir,
+}
+
+/// A host that prints a valid result with `status` and one evidence line naming the todo, and
+/// appends "<agent> <todo> <turn>" to `hosts.log` (so tests can count executions).
+pub fn result_host(status: &str) -> String {
+    format!(
+        r#"cat > /dev/null
+echo "$LOOPX_AGENT_ID $LOOPX_TODO_ID $LOOPX_TURN_KEY" >> hosts.log
+printf '{{"schema_version":"loopx.turn_result.v1","status":"{status}","summary":"worked on %s","evidence":[{{"text":"evidence for %s"}}]}}' "$LOOPX_TODO_ID" "$LOOPX_TODO_ID"
+"#
+    )
+}
+
+impl Project {
+    /// A fresh project with goal `g`.
+    pub fn new() -> Project {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = Project { dir };
+        p.ok(&["init"]);
+        p.ok(&[
+            "goal",
+            "create",
+            "--title",
+            "Turn test goal",
+            "--id",
+            "g",
+            "--project",
+            p.path().to_str().unwrap(),
+        ]);
+        p
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(["--root", self.path().to_str().unwrap()])
+            .args(args)
+            .current_dir(self.path())
+            .env_remove("LOOPX_AGENT_ID")
+            .env_remove("LOOPX_TURN_KEY")
+            .env_remove("LOOPX_CLAIM_KEY")
+            .env_remove("LOOPX_ROOT")
+            .env_remove("LOOPX_TEST_CRASH_AFTER");
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("run loopx")
+    }
+
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.cmd(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn loopx")
+    }
+
+    /// Runs and requires exit 0.
+    pub fn ok(&self, args: &[&str]) -> Output {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "loopx {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Runs with `--format json`, requires exit 0, parses stdout.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--format", "json"];
+        all.extend_from_slice(args);
+        let out = self.ok(&all);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "loopx {args:?} printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    pub fn add_todo(&self, id: &str) {
+        self.ok(&["todo", "add", "--goal-id", "g", "--id", id, "--title", &format!("work {id}")]);
+    }
+
+    /// Writes an executable `/bin/sh` script and returns its path.
+    pub fn script(&self, name: &str, body: &str) -> String {
+        let path = self.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.to_str().unwrap().to_string()
+    }
+
+    pub fn todo(&self, id: &str) -> Value {
+        self.json(&["todo", "show", "--goal-id", "g", "--todo-id", id])
+    }
+
+    pub fn todo_status(&self, id: &str) -> String {
+        self.todo(id)["todo"]["status"].as_str().unwrap().to_string()
+    }
+
+    pub fn evidence_count(&self, id: &str) -> usize {
+        self.todo(id)["evidence"].as_array().unwrap().len()
+    }
+
+    /// Effect ids of the spend rows in the ledger.
+    pub fn spends(&self) -> Vec<String> {
+        let q = self.json(&["quota", "show", "--goal-id", "g"]);
+        q["recent_ledger"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "spend")
+            .map(|e| e["effect_id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    pub fn spent_slots(&self) -> i64 {
+        self.json(&["quota", "show", "--goal-id", "g"])["quota"]["spent_slots"]
+            .as_i64()
+            .unwrap()
+    }
+
+    pub fn history(&self) -> Vec<Value> {
+        let h = self.json(&["history", "--goal-id", "g"]);
+        find_array(&h, &["history", "runs", "entries"])
+    }
+
+    pub fn hosts_log(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path().join("hosts.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    pub fn journal(&self, key: &str) -> Value {
+        self.json(&["turn", "inspect", "--turn-key", key])["journal"].clone()
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path().join(name)
+    }
+}
+
+/// The first of `keys` that holds an array in `v`.
+pub fn find_array(v: &Value, keys: &[&str]) -> Vec<Value> {
+    for k in keys {
+        if let Some(a) = v[*k].as_array() {
+            return a.clone();
+        }
+    }
+    panic!("none of {keys:?} is an array in {v}");
+}
+
+/// Whether a process is still running (a zombie counts as gone).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        }
+        Err(_) => false,
+    }
+}
