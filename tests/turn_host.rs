@@ -1,0 +1,270 @@
+//! Host misbehaviour: each maps to its result kind and leaves state consistent (lease released,
+//! nothing spent, no evidence, a run row in history, the journal settled).
+
+mod turn_support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use turn_support::{Project, alive, result_host};
+
+fn run_turn(p: &Project, host_body: &str, extra: &[&str]) -> Value {
+    p.add_todo("t1");
+    let host = p.script("host.sh", host_body);
+    let mut args = vec!["turn", "run", "--goal-id", "g", "--agent-id", "a1"];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.push(&host);
+    p.json(&args)["turn"].clone()
+}
+
+/// The state every failed turn must leave behind.
+fn assert_failed_cleanly(p: &Project, turn: &Value, kind: &str) {
+    assert_eq!(turn["kind"], kind, "turn: {turn}");
+    assert_eq!(turn["status"], "failed");
+    assert_eq!(turn["spent"], false);
+    assert_eq!(turn["lease"], "released");
+    assert_eq!(p.todo_status("t1"), "open", "the todo goes back to open");
+    assert!(p.todo("t1")["todo"]["claim"].is_null());
+    assert_eq!(p.evidence_count("t1"), 0);
+    assert!(p.spends().is_empty(), "nothing spent");
+    let runs = p.history();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["classification"], kind);
+    let j = p.journal(turn["turn_key"].as_str().unwrap());
+    assert_eq!(j["status"], "failed");
+    assert_eq!(j["phases"].as_array().unwrap().last().unwrap(), "terminal_closeout");
+    assert!(!j["phases"].as_array().unwrap().iter().any(|x| x == "quota_spend"));
+}
+
+#[test]
+fn non_zero_exit_is_host_failure() {
+    let p = Project::new();
+    let t = run_turn(&p, "cat >/dev/null\necho 'it broke' >&2\nexit 3\n", &[]);
+    assert_failed_cleanly(&p, &t, "host_failure");
+    assert_eq!(t["failed_phase"], "host_execute");
+    let detail = t["detail"].as_str().unwrap();
+    assert!(detail.contains("status 3") && detail.contains("it broke"), "{detail}");
+}
+
+#[test]
+fn non_zero_exit_with_a_valid_result_is_still_host_failure() {
+    let p = Project::new();
+    let body = format!("{}exit 1\n", result_host("completed"));
+    let t = run_turn(&p, &body, &["--trust-host-completion"]);
+    assert_failed_cleanly(&p, &t, "host_failure");
+}
+
+#[test]
+fn timeout_kills_the_whole_process_group_quickly() {
+    let p = Project::new();
+    let body = "cat >/dev/null\nsleep 30 &\necho $! > child.pid\nsleep 30\n";
+    let started = Instant::now();
+    let t = run_turn(&p, body, &["--timeout-seconds", "1"]);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    assert_failed_cleanly(&p, &t, "host_failure");
+    let j = p.journal(t["turn_key"].as_str().unwrap());
+    assert_eq!(j["data"]["host"]["timed_out"], true);
+    let child: i32 = std::fs::read_to_string(p.file("child.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!alive(child), "the host's background child {child} survived");
+}
+
+#[test]
+fn garbage_stdout_from_a_successful_host_is_validation_failed() {
+    let p = Project::new();
+    let t = run_turn(&p, "cat >/dev/null\necho 'All done, trust me!'\n", &[]);
+    assert_failed_cleanly(&p, &t, "validation_failed");
+    assert_eq!(t["failed_phase"], "typed_result");
+    assert!(t["detail"].as_str().unwrap().contains("malformed"), "{t}");
+}
+
+#[test]
+fn oversized_stdout_is_refused() {
+    let p = Project::new();
+    // ~100 KiB of output, over the 64 KiB cap; the host must not block on a full pipe either.
+    let body = "cat >/dev/null\ni=0\nwhile [ $i -lt 1600 ]; do echo '0123456789012345678901234567890123456789012345678901234567890123'; i=$((i+1)); done\n";
+    let t = run_turn(&p, body, &[]);
+    assert_failed_cleanly(&p, &t, "validation_failed");
+    let detail = t["detail"].as_str().unwrap();
+    assert!(detail.contains("the limit is 65536"), "{detail}");
+}
+
+#[test]
+fn unknown_result_fields_are_refused() {
+    let p = Project::new();
+    let body = r#"cat >/dev/null
+printf '{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"x","evidense":[]}'
+"#;
+    let t = run_turn(&p, body, &[]);
+    assert_failed_cleanly(&p, &t, "validation_failed");
+    assert!(t["detail"].as_str().unwrap().contains("evidense"), "{t}");
+}
+
+#[test]
+fn non_utf8_stdout_is_refused() {
+    let p = Project::new();
+    let t = run_turn(&p, "cat >/dev/null\nprintf '\\377\\376{}'\n", &[]);
+    assert_failed_cleanly(&p, &t, "validation_failed");
+    assert!(t["detail"].as_str().unwrap().contains("UTF-8"), "{t}");
+}
+
+#[test]
+fn validator_rejecting_a_completion_claim_is_validation_failed() {
+    let p = Project::new();
+    let validator = p.script(
+        "validate.sh",
+        "cat > validator-stdin.json\necho 'tests fail' >&2\nexit 1\n",
+    );
+    let t = run_turn(
+        &p,
+        &result_host("completed"),
+        &["--validate-json", &format!("[\"{validator}\"]")],
+    );
+    assert_failed_cleanly(&p, &t, "validation_failed");
+    assert_eq!(t["failed_phase"], "validation");
+    assert!(t["detail"].as_str().unwrap().contains("tests fail"), "{t}");
+    // The validator saw the normalized result on stdin.
+    let seen: Value =
+        serde_json::from_str(&std::fs::read_to_string(p.file("validator-stdin.json")).unwrap())
+            .unwrap();
+    assert_eq!(seen["status"], "completed");
+    assert_eq!(seen["schema_version"], "loopx.turn_result.v1");
+}
+
+#[test]
+fn validator_accepting_completes_the_todo() {
+    let p = Project::new();
+    let validator = p.script("validate.sh", "cat >/dev/null\nexit 0\n");
+    let t = run_turn(
+        &p,
+        &result_host("completed"),
+        &["--validate-json", &format!("[\"{validator}\"]")],
+    );
+    assert_eq!(t["kind"], "validated_completion");
+    assert_eq!(t["spent"], true);
+    assert_eq!(p.todo_status("t1"), "completed");
+    assert_eq!(p.evidence_count("t1"), 1);
+}
+
+#[test]
+fn completion_without_validator_is_recorded_as_progress() {
+    let p = Project::new();
+    let t = run_turn(&p, &result_host("completed"), &[]);
+    assert_eq!(t["kind"], "validated_progress");
+    assert_eq!(t["spent"], true);
+    assert_eq!(t["lease"], "released");
+    assert_eq!(p.todo_status("t1"), "open", "exit 0 alone proves nothing");
+    assert_eq!(p.evidence_count("t1"), 1);
+}
+
+#[test]
+fn a_child_that_outlives_the_host_is_killed_with_the_group() {
+    let p = Project::new();
+    let body = format!(
+        "(sleep 2; touch marker) &\necho $! > child.pid\n{}",
+        result_host("progress")
+    );
+    let t = run_turn(&p, &body, &[]);
+    assert_eq!(t["kind"], "validated_progress");
+    let child: i32 = std::fs::read_to_string(p.file("child.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!alive(child), "background child {child} outlived the host");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!p.file("marker").exists(), "the orphaned child ran to completion");
+}
+
+#[test]
+fn host_gets_request_on_stdin_and_turn_env() {
+    let p = Project::new();
+    let body = format!(
+        "cat > request.json\nenv | grep ^LOOPX_ | sort > env.txt\n{}",
+        result_host("progress")
+    );
+    let t = run_turn(&p, &body, &[]);
+    let key = t["turn_key"].as_str().unwrap();
+    assert!(key.starts_with("turn-"));
+    let req: Value =
+        serde_json::from_str(&std::fs::read_to_string(p.file("request.json")).unwrap()).unwrap();
+    assert_eq!(req["schema_version"], "loopx.turn_request.v1");
+    assert_eq!(req["turn_key"], key);
+    assert_eq!(req["goal"]["id"], "g");
+    assert_eq!(req["todo"]["id"], "t1");
+    assert_eq!(req["todo"]["capability"], "builtin:default");
+    assert_eq!(req["agent_id"], "a1");
+    assert!(req["claim"]["fence"].as_i64().unwrap() >= 1);
+    let env = std::fs::read_to_string(p.file("env.txt")).unwrap();
+    for want in [
+        "LOOPX_GOAL_ID=g".to_string(),
+        "LOOPX_AGENT_ID=a1".to_string(),
+        "LOOPX_TODO_ID=t1".to_string(),
+        format!("LOOPX_TURN_KEY={key}"),
+        format!("LOOPX_CLAIM_KEY={}", req["claim"]["claim_key"].as_str().unwrap()),
+    ] {
+        assert!(env.contains(&want), "missing {want} in\n{env}");
+    }
+    assert!(env.contains("LOOPX_ROOT="));
+    assert!(!env.contains("LOOPX_TEST_CRASH_AFTER"));
+}
+
+/// The host can act as the agent through `loopx` itself, with the lease proof from its env.
+#[test]
+fn host_can_call_loopx_as_the_lease_holder() {
+    let p = Project::new();
+    let body = format!(
+        "cat >/dev/null\n{} todo update --goal-id g --todo-id t1 --evidence 'noted from inside the turn' >/dev/null || exit 9\n{}",
+        turn_support::BIN,
+        result_host("progress")
+    );
+    let t = run_turn(&p, &body, &[]);
+    assert_eq!(t["kind"], "validated_progress", "{t}");
+    assert_eq!(p.evidence_count("t1"), 2);
+}
+
+#[test]
+fn missing_program_is_host_failure() {
+    let p = Project::new();
+    p.add_todo("t1");
+    let t = p.json(&[
+        "turn", "run", "--goal-id", "g", "--agent-id", "a1", "--", "/nonexistent/host",
+    ])["turn"]
+        .clone();
+    assert_failed_cleanly(&p, &t, "host_failure");
+    assert!(t["detail"].as_str().unwrap().contains("could not start"), "{t}");
+}
+
+#[test]
+fn sigterm_to_loopx_terminates_the_host_and_settles_the_turn() {
+    let p = Project::new();
+    p.add_todo("t1");
+    let host = p.script("host.sh", "cat >/dev/null\necho $$ > host.pid\nsleep 30\n");
+    let child = p.spawn(&[
+        "--format", "json", "turn", "run", "--goal-id", "g", "--agent-id", "a1", "--", &host,
+    ]);
+    let pid_file = p.file("host.pid");
+    let t0 = Instant::now();
+    while !pid_file.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(8));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["turn"]["kind"], "host_failure");
+    assert!(v["turn"]["detail"].as_str().unwrap().contains("interrupted"));
+    let host_pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    assert!(!alive(host_pid));
+    assert_eq!(p.todo_status("t1"), "open");
+}
