@@ -1,0 +1,243 @@
+//! `loopx loop`: two agents looping on one goal in parallel never work the same todo; a user gate
+//! stops exactly the agents it scopes; SIGTERM settles the turn in flight and stops the loop.
+
+mod turn_support;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use turn_support::{Project, alive};
+
+/// Host: logs "<agent> <todo>", works a little, completes its todo.
+const WORKER: &str = r#"cat >/dev/null
+echo "$LOOPX_AGENT_ID $LOOPX_TODO_ID" >> work.log
+sleep 0.2
+printf '{"schema_version":"loopx.turn_result.v1","status":"completed","summary":"did %s","evidence":[{"text":"%s by %s"}]}' "$LOOPX_TODO_ID" "$LOOPX_TODO_ID" "$LOOPX_AGENT_ID"
+"#;
+
+fn loop_args<'a>(agent: &'a str, host: &'a str) -> Vec<&'a str> {
+    vec![
+        "--format",
+        "json",
+        "loop",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        agent,
+        "--max-turns",
+        "20",
+        "--until-idle",
+        "--trust-host-completion",
+        "--timeout-seconds",
+        "30",
+        "--",
+        host,
+    ]
+}
+
+fn finish(child: std::process::Child) -> (Value, String) {
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "loop failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        serde_json::from_slice(&out.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn work_log(p: &Project) -> Vec<(String, String)> {
+    std::fs::read_to_string(p.file("work.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let mut it = l.split(' ');
+            (it.next().unwrap().to_string(), it.next().unwrap().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn two_agents_never_work_the_same_todo() {
+    let p = Project::new();
+    let ids: Vec<String> = (1..=10).map(|i| format!("t{i}")).collect();
+    for id in &ids {
+        p.add_todo(id);
+    }
+    // t10 waits for t1: the loop that finishes early must wait for it instead of quitting.
+    p.ok(&["todo", "add", "--goal-id", "g", "--id", "t11", "--title", "after t1", "--depends-on", "t1"]);
+    let host = p.script("worker.sh", WORKER);
+    let a1 = p.spawn(&loop_args("a1", &host));
+    let a2 = p.spawn(&loop_args("a2", &host));
+    let (r1, err1) = finish(a1);
+    let (r2, _) = finish(a2);
+    let log = work_log(&p);
+    let mut seen = HashSet::new();
+    for (agent, todo) in &log {
+        assert!(seen.insert(todo.clone()), "{todo} worked twice (again by {agent}): {log:?}");
+    }
+    let mut want: HashSet<String> = ids.iter().cloned().collect();
+    want.insert("t11".into());
+    assert_eq!(seen, want, "every todo worked exactly once");
+    for id in &want {
+        assert_eq!(p.todo_status(id), "completed", "{id}");
+    }
+    let per_agent: HashMap<&str, usize> = log.iter().fold(HashMap::new(), |mut m, (a, _)| {
+        *m.entry(a.as_str()).or_default() += 1;
+        m
+    });
+    assert!(per_agent.get("a1").copied().unwrap_or(0) >= 1, "{per_agent:?}");
+    assert!(per_agent.get("a2").copied().unwrap_or(0) >= 1, "{per_agent:?}");
+    let turns = r1["loop"]["turns"].as_array().unwrap().len() + r2["loop"]["turns"].as_array().unwrap().len();
+    assert_eq!(turns, 11);
+    assert_eq!(p.spends().len(), 11);
+    for r in [&r1, &r2] {
+        assert_eq!(r["loop"]["final_disposition"], "replan", "{r}");
+    }
+    // One progress line per turn on stderr.
+    assert!(err1.lines().any(|l| l.starts_with("turn 1/20 t")), "{err1}");
+}
+
+#[test]
+fn a_gate_scoped_to_one_agent_stops_only_that_agent() {
+    let p = Project::new();
+    for i in 1..=4 {
+        p.add_todo(&format!("t{i}"));
+    }
+    p.ok(&[
+        "todo", "add", "--goal-id", "g", "--kind", "user_gate", "--blocks-agent", "a1", "--title",
+        "review a1's plan",
+    ]);
+    let host = p.script("worker.sh", WORKER);
+    let a1 = p.spawn(&loop_args("a1", &host));
+    let a2 = p.spawn(&loop_args("a2", &host));
+    let (r1, _) = finish(a1);
+    let (r2, _) = finish(a2);
+    assert_eq!(r1["loop"]["turns"].as_array().unwrap().len(), 0);
+    assert_eq!(r1["loop"]["final_disposition"], "user_action_required");
+    assert_eq!(r2["loop"]["turns"].as_array().unwrap().len(), 4);
+    assert!(work_log(&p).iter().all(|(a, _)| a == "a2"));
+    for i in 1..=4 {
+        assert_eq!(p.todo_status(&format!("t{i}")), "completed");
+    }
+}
+
+#[test]
+fn a_global_gate_stops_every_agent() {
+    let p = Project::new();
+    p.add_todo("t1");
+    p.ok(&[
+        "todo", "add", "--goal-id", "g", "--kind", "user_gate", "--global-gate", "--title",
+        "hold everything",
+    ]);
+    let host = p.script("worker.sh", WORKER);
+    let a1 = p.spawn(&loop_args("a1", &host));
+    let a2 = p.spawn(&loop_args("a2", &host));
+    for r in [finish(a1).0, finish(a2).0] {
+        assert_eq!(r["loop"]["turns"].as_array().unwrap().len(), 0);
+        assert_eq!(r["loop"]["final_disposition"], "user_action_required");
+    }
+    assert!(work_log(&p).is_empty());
+    assert_eq!(p.todo_status("t1"), "open");
+}
+
+#[test]
+fn a_host_asking_for_an_operator_opens_a_gate_for_its_agent_only() {
+    let p = Project::new();
+    p.add_todo("t1");
+    p.add_todo("t2");
+    let host = p.script(
+        "ask.sh",
+        r#"cat >/dev/null
+printf '{"schema_version":"loopx.turn_result.v1","status":"user_action_required","summary":"need credentials for the staging database"}'
+"#,
+    );
+    let (r, _) = finish(p.spawn(&loop_args("a1", &host)));
+    let turns = r["loop"]["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 1);
+    assert_eq!(turns[0]["kind"], "user_action_required");
+    assert_eq!(turns[0]["status"], "stopped");
+    assert_eq!(turns[0]["spent"], false);
+    assert_eq!(r["loop"]["final_disposition"], "user_action_required");
+    let gates = p.json(&["gate", "list", "--goal-id", "g"]);
+    let text = gates.to_string();
+    assert!(text.contains("need credentials"), "{text}");
+    assert_eq!(
+        p.json(&["turn", "plan", "--goal-id", "g", "--agent-id", "a1"])["plan"]["route"],
+        "user_action_required"
+    );
+    assert_eq!(
+        p.json(&["turn", "plan", "--goal-id", "g", "--agent-id", "a2"])["plan"]["route"],
+        "ready_for_host"
+    );
+    assert!(p.spends().is_empty());
+}
+
+#[test]
+fn the_budget_bounds_the_loop() {
+    let p = Project::new();
+    for i in 1..=5 {
+        p.add_todo(&format!("t{i}"));
+    }
+    let host = p.script("worker.sh", WORKER);
+    let out = p.json(&[
+        "loop", "--goal-id", "g", "--agent-id", "a1", "--max-turns", "2", "--until-idle",
+        "--trust-host-completion", "--", &host,
+    ]);
+    assert_eq!(out["loop"]["turns"].as_array().unwrap().len(), 2);
+    assert_eq!(out["loop"]["final_disposition"], "terminal");
+    assert_eq!(p.spends().len(), 2);
+}
+
+#[test]
+fn repeated_failures_stop_the_loop_with_repair() {
+    let p = Project::new();
+    p.add_todo("t1");
+    let host = p.script("fail.sh", "cat >/dev/null\nexit 1\n");
+    let out = p.json(&[
+        "loop", "--goal-id", "g", "--agent-id", "a1", "--max-turns", "10", "--until-idle",
+        "--max-consecutive-failures", "2", "--", &host,
+    ]);
+    let turns = out["loop"]["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 2, "one retry, then repair");
+    assert!(turns.iter().all(|t| t["kind"] == "host_failure"));
+    assert_eq!(out["loop"]["final_disposition"], "repair");
+    assert_eq!(p.todo_status("t1"), "open");
+}
+
+#[test]
+fn sigint_settles_the_turn_in_flight_and_stops() {
+    let p = Project::new();
+    p.add_todo("t1");
+    p.add_todo("t2");
+    let host = p.script("slow.sh", "cat >/dev/null\necho $$ > host.pid\nsleep 30\n");
+    let child = p.spawn(&[
+        "--format", "json", "loop", "--goal-id", "g", "--agent-id", "a1", "--max-turns", "5",
+        "--", &host,
+    ]);
+    let pid_file = p.file("host.pid");
+    let t0 = Instant::now();
+    while !pid_file.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(8), "loop did not stop promptly");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["loop"]["interrupted"], true);
+    let turns = v["loop"]["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 1, "no new turn after the signal");
+    assert_eq!(turns[0]["kind"], "host_failure");
+    assert_eq!(turns[0]["status"], "failed");
+    let host_pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    assert!(!alive(host_pid), "host survived the interrupt");
+    assert_eq!(p.todo_status("t1"), "open", "lease released");
+    assert!(p.json(&["turn", "recover"])["turns"].as_array().unwrap().is_empty());
+}

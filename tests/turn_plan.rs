@@ -1,0 +1,64 @@
+//! `loopx turn plan`: the route before any host runs, with its reason and selected todo, and no
+//! writes.
+
+mod turn_support;
+
+use turn_support::Project;
+
+fn plan(p: &Project, agent: &str) -> serde_json::Value {
+    p.json(&["turn", "plan", "--goal-id", "g", "--agent-id", agent])["plan"].clone()
+}
+
+#[test]
+fn routes_follow_the_goal_state() {
+    let p = Project::new();
+    // No todos at all: replan.
+    assert_eq!(plan(&p, "a1")["route"], "replan_required");
+
+    p.add_todo("t1");
+    let ready = plan(&p, "a1");
+    assert_eq!(ready["route"], "ready_for_host");
+    assert_eq!(ready["selected_todo"]["id"], "t1");
+    assert!(ready["reason"].as_str().unwrap().contains("t1"));
+
+    // Planning wrote nothing: the todo is still open and unclaimed, no ops-visible change.
+    let before = p.json(&["todo", "list", "--goal-id", "g"]);
+    plan(&p, "a1");
+    assert_eq!(p.json(&["todo", "list", "--goal-id", "g"]), before);
+    assert_eq!(p.todo_status("t1"), "open");
+
+    // Someone else holds the only todo: wait.
+    p.ok(&["todo", "claim", "--goal-id", "g", "--todo-id", "t1", "--agent-id", "a2"]);
+    assert_eq!(plan(&p, "a1")["route"], "wait");
+    // ...and the holder is told to continue it.
+    let held = plan(&p, "a2");
+    assert_eq!(held["route"], "ready_for_host");
+    assert_eq!(held["selected_todo"]["selected_by"], "current_claim");
+
+    // A gate scoped to a1 stops a1 only.
+    p.add_todo("t2");
+    p.ok(&[
+        "todo", "add", "--goal-id", "g", "--kind", "user_gate", "--blocks-agent", "a1", "--title",
+        "approve a1",
+    ]);
+    assert_eq!(plan(&p, "a1")["route"], "user_action_required");
+    assert_eq!(plan(&p, "a3")["route"], "ready_for_host");
+
+    // A paused goal blocks everyone.
+    p.ok(&["goal", "pause", "--goal-id", "g"]);
+    assert_eq!(plan(&p, "a3")["route"], "blocked");
+}
+
+#[test]
+fn a_turn_on_a_non_ready_route_runs_no_host() {
+    let p = Project::new();
+    let host = p.script("host.sh", "touch ran\n");
+    let out = p.json(&[
+        "turn", "run", "--goal-id", "g", "--agent-id", "a1", "--", &host,
+    ]);
+    assert_eq!(out["turn"]["route"], "replan_required");
+    assert!(out["turn"]["kind"].is_null());
+    assert!(out["turn"]["turn_key"].is_null());
+    assert!(!p.file("ran").exists());
+    assert!(p.history().is_empty());
+}
