@@ -40,8 +40,27 @@ pub fn audit_imports(
     let has_fs = grants
         .iter()
         .any(|g| matches!(g.permission, Permission::FsRead(_) | Permission::FsWrite(_)));
+    // Report every refused import at once, so the operator sees the whole gap in one attempt.
+    let mut refused: Vec<String> = Vec::new();
+    let mut reasons: Vec<String> = Vec::new();
     for name in &names {
-        check_import(name, plugin, kind, has_fs)?;
+        match check_import(name, plugin, kind, has_fs) {
+            Ok(()) => {}
+            Err(PluginError::ImportNotGranted { import, reason, .. }) => {
+                refused.push(import);
+                if !reasons.contains(&reason) {
+                    reasons.push(reason);
+                }
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    if !refused.is_empty() {
+        return Err(PluginError::ImportNotGranted {
+            plugin: plugin.to_string(),
+            import: refused.join(", "),
+            reason: reasons.join("; "),
+        });
     }
     Ok(names)
 }

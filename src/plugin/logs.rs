@@ -126,8 +126,17 @@ fn push_line(inner: &mut Inner, cap: usize, plugin: &str, stream: &str, raw: &[u
     });
 }
 
-/// Removes ANSI/VT escape sequences and control characters (except tab) from plugin text.
+/// Removes ANSI/VT escape sequences and control characters (except tab) from one line of plugin text.
 pub fn sanitize(text: &str) -> String {
+    strip(text, false)
+}
+
+/// Like [`sanitize`] but keeps newlines, for multi-line plugin output (observation bodies).
+pub fn sanitize_multiline(text: &str) -> String {
+    strip(text, true)
+}
+
+fn strip(text: &str, keep_newlines: bool) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
     while let Some(c) = chars.next() {
@@ -161,6 +170,7 @@ pub fn sanitize(text: &str) -> String {
                 None => {}
             },
             '\t' => out.push(c),
+            '\n' if keep_newlines => out.push(c),
             c if c.is_control() => {}
             c => out.push(c),
         }

@@ -25,6 +25,7 @@ use crate::paths::ProjectPaths;
 use super::cache::{ComponentCache, sha256_hex};
 use super::engine::engine;
 use super::error::{PluginError, PluginResult};
+use super::invoke::InvokeError;
 use super::manifest::{Grant, Kind, Limits, MANIFEST_FILE, Manifest};
 use super::sandbox::LoadedPlugin;
 
@@ -412,7 +413,13 @@ impl PluginHost {
     }
 
     /// Loads `<extension>/<id>` of kind `kind` from the registry: it must exist and be enabled.
-    pub fn load_named(&self, kernel: &mut Kernel, name: &str, kind: Kind) -> Result<LoadedPlugin> {
+    /// Errors keep their plugin error kind (`tampered`, `disabled`, ...).
+    pub fn load_named(
+        &self,
+        kernel: &mut Kernel,
+        name: &str,
+        kind: Kind,
+    ) -> std::result::Result<LoadedPlugin, InvokeError> {
         let (ext, id) = split_name(name)?;
         let rec = kernel
             .read(|tx| tx.extension(ext))?
@@ -443,7 +450,8 @@ impl PluginHost {
                         .map(|p| format!("{} {}", p.kind.as_str(), p.id))
                         .collect::<Vec<_>>()
                         .join(", ")
-                )));
+                ))
+                .into());
             }
         }
         Ok(self.load(&rec, id)?)
@@ -455,7 +463,7 @@ impl PluginHost {
         &self,
         kernel: &mut Kernel,
         name: &str,
-    ) -> Result<(LoadedPlugin, HashMap<String, Arc<LoadedPlugin>>)> {
+    ) -> std::result::Result<(LoadedPlugin, HashMap<String, Arc<LoadedPlugin>>), InvokeError> {
         let cap = self.load_named(kernel, name, Kind::Capability)?;
         let mut providers = HashMap::new();
         for u in &cap.uses {
@@ -463,7 +471,15 @@ impl PluginHost {
                 Ok(p) => {
                     providers.insert(u.clone(), Arc::new(p));
                 }
-                Err(LoopxError::NotFound(_)) | Err(LoopxError::Refused(_)) => {}
+                // Missing or disabled providers are left out; calls to them return `unavailable`.
+                Err(InvokeError {
+                    error: LoopxError::NotFound(_),
+                    ..
+                })
+                | Err(InvokeError {
+                    plugin_kind: Some("disabled"),
+                    ..
+                }) => {}
                 Err(e) => return Err(e),
             }
         }
