@@ -325,3 +325,21 @@ fn agent_inside_a_turn_cannot_resolve_gates_or_set_quota() {
         "ok",
     ]);
 }
+
+#[test]
+fn an_empty_projection_counts_as_missing_and_is_recreated() {
+    // What a power cut can leave behind after a rename whose data had not reached the disk.
+    let (p, g) = seeded();
+    let state = p.state().join(format!("goals/{g}/state.json"));
+    let registry = p.state().join("registry.json");
+    std::fs::write(&state, b"").unwrap();
+    std::fs::write(&registry, b"").unwrap();
+    let run = p.json(&["refresh-state", "--goal-id", &g])["run_id"].as_str().unwrap().to_string();
+    let report = p.state().join(format!("goals/{g}/runs/{run}.json"));
+    std::fs::write(&report, b"").unwrap();
+    p.json(&["refresh-state"]);
+    for path in [&state, &registry, &report] {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        assert!(v["schema_version"].is_string(), "{} re-created", path.display());
+    }
+}

@@ -2,11 +2,13 @@
 //! and the immutable run reports `runs/<run-id>.json` + `.md`.
 //!
 //! Projections are for people and agents that read files; they are always re-creatable from the
-//! database. They are written atomically (temp file, fsync, rename) so a reader sees the old or the
-//! new content, and an existing projection that no longer parses is reported as corrupt instead of
-//! being overwritten: someone may have edited it by hand, and silently replacing it would lose that.
+//! database, whose commit is the only durability point of a command. They are written atomically
+//! (temp file, rename) so a reader sees the old or the new content, but not fsynced: that would cost
+//! an fsync per file on every tick for data the database already holds. After a power cut a
+//! just-renamed file can come back empty; an empty projection is therefore treated as missing and
+//! re-created. A non-empty projection that no longer parses is reported as corrupt instead of being
+//! overwritten: someone may have edited it by hand, and silently replacing it would lose that.
 
-use std::io::Write;
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -20,10 +22,11 @@ pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
 pub const STATE_SCHEMA: &str = "loopx.goal_state.v1";
 pub const RUN_SCHEMA: &str = "loopx.run.v1";
 
-/// Fails with exit 5 when `path` exists but is not valid JSON.
+/// Fails with exit 5 when `path` exists, is not empty, and is not valid JSON.
 pub fn check_json_projection(path: &Path) -> Result<()> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice::<Value>(&bytes).map(|_| ()).map_err(|e| LoopxError::Corrupt {
+        Ok(bytes) if bytes.is_empty() => Ok(()),
+        Ok(bytes) => serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).map(|_| ()).map_err(|e| LoopxError::Corrupt {
             path: path.to_path_buf(),
             detail: format!(
                 "projection does not parse ({e}); it was left untouched. Move it aside and run `loopx refresh-state` \
@@ -35,8 +38,7 @@ pub fn check_json_projection(path: &Path) -> Result<()> {
     }
 }
 
-/// Writes `bytes` to `path` atomically and durably: temp file in the same directory, fsync,
-/// rename over the target.
+/// Writes `bytes` to `path` atomically: temp file in the same directory, rename over the target.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().expect("projection paths have a parent");
     std::fs::create_dir_all(dir)
@@ -49,9 +51,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         std::process::id()
     ));
     let result = (|| -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
+        std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, path)
     })();
     result.map_err(|e| {
@@ -60,28 +60,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
-/// Writes a file that must never change once written (run reports). Refuses to replace one.
+/// Writes a file that must never change once written (run reports): refuses to replace a
+/// non-empty one, and goes through a temp file so a reader never sees half a report.
 fn write_once(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().expect("run report paths have a parent");
-    std::fs::create_dir_all(dir)
-        .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                LoopxError::Conflict(format!(
-                    "run report {} already exists; run reports are immutable",
-                    path.display()
-                ))
-            } else {
-                LoopxError::internal(format!("creating {}", path.display()), e)
-            }
-        })?;
-    file.write_all(bytes)
-        .and_then(|_| file.sync_all())
-        .map_err(|e| LoopxError::internal(format!("writing {}", path.display()), e))
+    if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+        return Err(LoopxError::Conflict(format!(
+            "run report {} already exists; run reports are immutable",
+            path.display()
+        )));
+    }
+    write_atomic(path, bytes)
 }
 
 fn pretty(value: &Value) -> Vec<u8> {

@@ -154,8 +154,12 @@ impl Kernel {
                     break;
                 }
                 for run in &page {
-                    if !self.paths().run_json(&goal.id, &run.id).exists() {
-                        let _ = std::fs::remove_file(self.paths().run_md(&goal.id, &run.id));
+                    let json = self.paths().run_json(&goal.id, &run.id);
+                    if std::fs::metadata(&json).map(|m| m.len() == 0).unwrap_or(true) {
+                        // Missing or emptied by a crash before the data reached the disk.
+                        for path in [json, self.paths().run_md(&goal.id, &run.id)] {
+                            let _ = std::fs::remove_file(path);
+                        }
                         self.write_run_report(run)?;
                         reports += 1;
                     }
