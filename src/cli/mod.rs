@@ -3,7 +3,9 @@
 //! Each command lives in its own file and does three things: turn flags into a kernel call, make
 //! the call, and describe the result as an [`output::Output`]. Policy never lives here.
 
+mod capability;
 mod doctor;
+mod extension;
 mod gate;
 mod goal;
 mod history;
@@ -12,6 +14,7 @@ mod loop_cmd;
 pub mod output;
 mod probe;
 mod project_prompt;
+mod provider;
 mod quota;
 mod refresh_state;
 mod reward;
@@ -93,6 +96,15 @@ pub enum Command {
     Turn(turn::TurnCommand),
     /// Run turns under a bounded budget until done, idle, or interrupted.
     Loop(loop_cmd::LoopArgs),
+    /// Scaffold, install, inspect, enable/disable, upgrade, roll back and remove WASM extensions.
+    #[command(subcommand)]
+    Extension(extension::ExtensionCommand),
+    /// Run a capability on a goal and show the kernel's verdict on each proposal.
+    #[command(subcommand)]
+    Capability(capability::CapabilityCommand),
+    /// Call a provider once and print its observation.
+    #[command(subcommand)]
+    Provider(provider::ProviderCommand),
 }
 
 /// What every command may need: where to find the project and who is calling.
@@ -180,6 +192,9 @@ fn dispatch(ctx: &Context, command: Command) -> Result<Output> {
         Command::Doctor(args) => doctor::run(ctx, args),
         Command::Turn(cmd) => turn::run(ctx, cmd),
         Command::Loop(args) => loop_cmd::run(ctx, args),
+        Command::Extension(cmd) => extension::run(ctx, cmd),
+        Command::Capability(cmd) => capability::run(ctx, cmd),
+        Command::Provider(cmd) => provider::run(ctx, cmd),
     }
 }
 

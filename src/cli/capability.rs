@@ -1,0 +1,181 @@
+//! `loopx capability invoke`: run a capability on a goal and show the kernel's verdict on each
+//! proposal. With `--dry-run` admission runs its checks and rolls back: nothing is written.
+//!
+//! A sandbox failure (deadline, fuel, memory, oversize output, trap, ...) is reported with the
+//! plugin's captured log on stderr and never reaches admission.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use serde_json::json;
+
+use super::Context;
+use super::output::Output;
+use crate::error::{LoopxError, Result};
+use crate::plugin::invoke::{InvokeError, invoke_capability};
+use crate::plugin::logs::LogLine;
+use crate::plugin::registry::PluginHost;
+
+#[derive(Debug, Subcommand)]
+pub enum CapabilityCommand {
+    /// Run CAP (`<extension>/<capability>`) on a goal and admit its proposals.
+    Invoke {
+        /// `<extension>/<capability>`.
+        cap: String,
+        #[arg(long)]
+        goal_id: String,
+        /// The agent on whose behalf it runs (admission checks leases against it).
+        #[arg(long)]
+        agent_id: Option<String>,
+        /// Payload file handed to `propose` (`-` reads stdin).
+        #[arg(long, value_name = "FILE")]
+        input: PathBuf,
+        /// Check every proposal against current state, write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// Reads `--input FILE` (or stdin for `-`), bounded.
+pub(crate) fn read_input(ctx: &Context, path: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    const MAX: u64 = crate::plugin::sandbox::MAX_PAYLOAD_BYTES as u64;
+    let mut text = String::new();
+    let read = if path.as_os_str() == "-" {
+        std::io::stdin().take(MAX + 1).read_to_string(&mut text)
+    } else {
+        let p = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            ctx.cwd.join(path)
+        };
+        std::fs::File::open(&p).and_then(|f| f.take(MAX + 1).read_to_string(&mut text))
+    };
+    read.map_err(|e| {
+        crate::error::bad_input(format!("cannot read --input {}: {e}", path.display()))
+    })?;
+    if text.len() as u64 > MAX {
+        return Err(crate::error::bad_input(format!(
+            "--input {} is larger than {MAX} bytes",
+            path.display()
+        )));
+    }
+    Ok(text)
+}
+
+/// Prints captured plugin log lines to stderr (already stripped of escapes).
+pub(crate) fn print_logs(logs: &[LogLine]) {
+    for l in logs {
+        eprintln!("[{} {}] {}", l.plugin, l.stream, l.text);
+    }
+}
+
+pub(crate) fn fail(e: InvokeError) -> LoopxError {
+    if let Some(call) = &e.call {
+        print_logs(&call.logs);
+    }
+    e.error
+}
+
+pub fn run(ctx: &Context, cmd: CapabilityCommand) -> Result<Output> {
+    match cmd {
+        CapabilityCommand::Invoke {
+            cap,
+            goal_id,
+            agent_id,
+            input,
+            dry_run,
+        } => {
+            let payload = read_input(ctx, &input)?;
+            let agent = agent_id.or_else(|| ctx.env_agent_id.clone());
+            let mut kernel = ctx.kernel()?;
+            let host = PluginHost::for_project(kernel.paths());
+            let out = invoke_capability(
+                &mut kernel,
+                &host,
+                &cap,
+                &goal_id,
+                agent.as_deref(),
+                payload,
+                dry_run,
+            )
+            .map_err(fail)?;
+            let a = &out.admission;
+            let rows = out
+                .proposals
+                .iter()
+                .zip(&a.verdicts)
+                .map(|(p, v)| {
+                    vec![
+                        v.index.to_string(),
+                        p.kind().to_string(),
+                        if v.accepted { "accepted" } else { "refused" }.to_string(),
+                        v.todo_id.clone().unwrap_or_else(|| "-".into()),
+                        v.reason.clone(),
+                    ]
+                })
+                .collect();
+            let mut o = Output::new(json!({
+                "capability": out.capability,
+                "goal_id": out.goal_id,
+                "agent_id": out.agent_id,
+                "dry_run": dry_run,
+                "proposals": out.proposals,
+                "admission": a,
+                "call": out.call,
+            }))
+            .heading(format!(
+                "{} on {}: {} proposal(s), {} accepted, {} refused{}",
+                out.capability,
+                out.goal_id,
+                out.proposals.len(),
+                a.accepted,
+                a.refused,
+                if dry_run {
+                    " (dry run: nothing written)"
+                } else {
+                    ""
+                }
+            ))
+            .table(&["#", "proposal", "verdict", "todo", "reason"], rows)
+            .fields([
+                ("run", a.run_id.clone().unwrap_or_else(|| "-".into())),
+                (
+                    "fuel",
+                    out.call
+                        .fuel_consumed
+                        .map(|f| f.to_string())
+                        .unwrap_or_else(|| "-".into()),
+                ),
+                ("elapsed", format!("{} µs", out.call.elapsed_us)),
+            ]);
+            if !out.call.provider_calls.is_empty() {
+                o = o.heading("Provider calls").table(
+                    &["provider", "operation", "target", "outcome"],
+                    out.call
+                        .provider_calls
+                        .iter()
+                        .map(|c| {
+                            vec![
+                                c.provider.clone(),
+                                c.operation.clone(),
+                                c.target.clone(),
+                                c.outcome.clone(),
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+            if !out.call.logs.is_empty() {
+                o = o.heading("Plugin log").list(
+                    out.call
+                        .logs
+                        .iter()
+                        .map(|l| format!("[{} {}] {}", l.plugin, l.stream, l.text))
+                        .collect(),
+                );
+            }
+            Ok(o)
+        }
+    }
+}

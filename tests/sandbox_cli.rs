@@ -1,0 +1,431 @@
+//! The plugin commands end to end through the real `loopx` binary: `extension new` → build →
+//! `extension install` → `capability invoke` (dry run, then for real), `provider call`, the
+//! extension lifecycle, and a sandbox failure's exit code and message.
+
+mod plugin_support;
+
+use std::path::Path;
+use std::process::Command;
+
+use plugin_support::{extension, harvest_cache, repo, seed_cache, wasm};
+use serde_json::Value;
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn ok(self) -> Out {
+        assert_eq!(
+            self.code, 0,
+            "command failed:\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
+    }
+}
+
+fn loopx(cwd: &Path, args: &[&str]) -> Out {
+    let state = cwd.join(".loopx");
+    let installs = args.iter().any(|a| *a == "install" || *a == "upgrade");
+    if installs {
+        seed_cache(&state);
+    }
+    let out = run(cwd, args);
+    if installs {
+        harvest_cache(&state);
+    }
+    out
+}
+
+fn run(cwd: &Path, args: &[&str]) -> Out {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_loopx"));
+    cmd.args(args).current_dir(cwd);
+    for k in [
+        "LOOPX_ROOT",
+        "LOOPX_TURN_KEY",
+        "LOOPX_AGENT_ID",
+        "LOOPX_CLAIM_KEY",
+    ] {
+        cmd.env_remove(k);
+    }
+    let o = cmd.output().unwrap();
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+fn todo_list(dir: &Path, goal: &str) -> Value {
+    loopx(
+        dir,
+        &["--format", "json", "todo", "list", "--goal-id", goal],
+    )
+    .ok()
+    .json()
+}
+
+#[test]
+fn first_party_extensions_through_the_cli() {
+    wasm("fs-observe");
+    wasm("issue-fix");
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    loopx(d, &["init"]).ok();
+    let ws = d.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(
+        ws.join("test-results.txt"),
+        "test a::b ... FAILED\ntest a::c ... ok\n",
+    )
+    .unwrap();
+    let fs_dir = repo().join("extensions/fs-observe");
+    let grant = format!("fs.read:workspace={}", ws.display());
+    let installed = loopx(
+        d,
+        &[
+            "--format",
+            "json",
+            "extension",
+            "install",
+            fs_dir.to_str().unwrap(),
+            "--grant",
+            &grant,
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(installed["install"]["revision"], 1);
+    loopx(
+        d,
+        &[
+            "extension",
+            "install",
+            repo().join("extensions/issue-fix").to_str().unwrap(),
+        ],
+    )
+    .ok();
+    let list = loopx(d, &["--format", "json", "extension", "list"])
+        .ok()
+        .json();
+    assert_eq!(list["extensions"].as_array().unwrap().len(), 2);
+    let inspect = loopx(d, &["extension", "inspect", "fs-observe"]).ok();
+    assert!(
+        inspect.stdout.contains("fs.read:workspace="),
+        "{}",
+        inspect.stdout
+    );
+
+    // Provider call.
+    std::fs::write(
+        d.join("req.json"),
+        r#"{"operation": "test-results", "target": "test-results.txt"}"#,
+    )
+    .unwrap();
+    let obs = loopx(
+        d,
+        &[
+            "--format",
+            "json",
+            "provider",
+            "call",
+            "fs-observe/fs",
+            "--input",
+            "req.json",
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(obs["observation"]["kind"], "test-results");
+    assert_eq!(obs["observation"]["source"], "fs-observe/fs");
+
+    // Capability invoke: dry run writes nothing, then for real.
+    loopx(
+        d,
+        &["goal", "create", "--id", "g1", "--title", "Fix the tests"],
+    )
+    .ok();
+    std::fs::write(d.join("fix.txt"), "issue = a::b fails\n").unwrap();
+    let before = todo_list(d, "g1");
+    let dry = loopx(
+        d,
+        &[
+            "--format",
+            "json",
+            "capability",
+            "invoke",
+            "issue-fix/issue-fix",
+            "--goal-id",
+            "g1",
+            "--input",
+            "fix.txt",
+            "--dry-run",
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["admission"]["refused"], 0);
+    assert_eq!(todo_list(d, "g1"), before, "a dry run wrote todos");
+    let text = loopx(
+        d,
+        &[
+            "capability",
+            "invoke",
+            "issue-fix/issue-fix",
+            "--goal-id",
+            "g1",
+            "--input",
+            "fix.txt",
+        ],
+    )
+    .ok();
+    assert!(text.stdout.contains("accepted"), "{}", text.stdout);
+    let todos = todo_list(d, "g1");
+    assert_eq!(todos["todos"].as_array().map(Vec::len), Some(4), "{todos}");
+
+    // Lifecycle.
+    loopx(d, &["extension", "disable", "issue-fix"]).ok();
+    let disabled = loopx(
+        d,
+        &[
+            "capability",
+            "invoke",
+            "issue-fix/issue-fix",
+            "--goal-id",
+            "g1",
+            "--input",
+            "fix.txt",
+        ],
+    );
+    assert_eq!(disabled.code, 1, "{}", disabled.stderr);
+    assert!(disabled.stderr.contains("disabled"), "{}", disabled.stderr);
+    loopx(d, &["extension", "enable", "issue-fix"]).ok();
+    let up = loopx(
+        d,
+        &[
+            "--format",
+            "json",
+            "extension",
+            "upgrade",
+            fs_dir.to_str().unwrap(),
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(up["install"]["revision"], 2);
+    assert_eq!(
+        up["install"]["grants"][0].as_str().unwrap(),
+        grant.replace(
+            ws.to_str().unwrap(),
+            ws.canonicalize().unwrap().to_str().unwrap()
+        )
+    );
+    loopx(d, &["extension", "rollback", "fs-observe"]).ok();
+    loopx(d, &["extension", "remove", "issue-fix"]).ok();
+    assert_eq!(todo_list(d, "g1"), todos, "removal changed goal state");
+    let gone = loopx(
+        d,
+        &[
+            "capability",
+            "invoke",
+            "issue-fix/issue-fix",
+            "--goal-id",
+            "g1",
+            "--input",
+            "fix.txt",
+        ],
+    );
+    assert_eq!(gone.code, 3, "{}", gone.stderr);
+}
+
+#[test]
+fn sandbox_failure_exit_code_and_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    loopx(d, &["init"]).ok();
+    let ext = extension(
+        d,
+        "hostile",
+        "capability",
+        "cap",
+        &wasm("hostile-cap"),
+        &[],
+        "",
+        "fuel = 3_000_000",
+    );
+    loopx(d, &["extension", "install", ext.to_str().unwrap()]).ok();
+    loopx(d, &["goal", "create", "--id", "g1", "--title", "Hostile"]).ok();
+    std::fs::write(d.join("loop.txt"), "log 1\nloop\n").unwrap();
+    let before = todo_list(d, "g1");
+    let out = loopx(
+        d,
+        &[
+            "--format",
+            "json",
+            "capability",
+            "invoke",
+            "hostile/cap",
+            "--goal-id",
+            "g1",
+            "--input",
+            "loop.txt",
+        ],
+    );
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    let err = out.json();
+    assert_eq!(err["ok"], false);
+    let msg = err["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("hostile/cap") && msg.contains("3000000"),
+        "{msg}"
+    );
+    assert!(
+        out.stderr.contains("[hostile/cap info] line 0"),
+        "plugin log not shown: {}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains('\u{1b}'),
+        "escape sequence reached the terminal"
+    );
+    assert_eq!(todo_list(d, "g1"), before);
+    // Ungranted imports refuse install with exit 1 and name the import.
+    let net = extension(
+        d,
+        "net",
+        "provider",
+        "n",
+        &wasm("net-provider"),
+        &[],
+        "",
+        "",
+    );
+    let refused = loopx(d, &["extension", "install", net.to_str().unwrap()]);
+    assert_eq!(refused.code, 1);
+    assert!(
+        refused.stderr.contains("wasi:sockets"),
+        "{}",
+        refused.stderr
+    );
+}
+
+#[test]
+fn scaffolded_capability_builds_installs_and_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    loopx(d, &["init"]).ok();
+    loopx(
+        d,
+        &["extension", "new", "todo-lines", "--kind", "capability"],
+    )
+    .ok();
+    let crate_dir = d.join("todo-lines");
+    // Shared target dir under the repo so repeated runs reuse the wit-bindgen build.
+    let target = repo().join("target").join("scaffold-test");
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&crate_dir)
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--target-dir",
+            target.to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "the scaffold does not build");
+    // The manifest points at ./target; copy the artifact there as a default build would put it.
+    let built = target.join("wasm32-wasip2/release/todo_lines.wasm");
+    let expected = crate_dir.join("target/wasm32-wasip2/release");
+    std::fs::create_dir_all(&expected).unwrap();
+    std::fs::copy(&built, expected.join("todo_lines.wasm")).unwrap();
+    loopx(d, &["extension", "install", "todo-lines"]).ok();
+    loopx(d, &["goal", "create", "--id", "g1", "--title", "Scaffold"]).ok();
+    std::fs::write(d.join("lines.txt"), "write the parser\nadd tests\n").unwrap();
+    let out = loopx(
+        d,
+        &[
+            "--format",
+            "json",
+            "capability",
+            "invoke",
+            "todo-lines/todo-lines",
+            "--goal-id",
+            "g1",
+            "--input",
+            "lines.txt",
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(out["admission"]["accepted"], 2, "{out}");
+    assert_eq!(
+        todo_list(d, "g1")["todos"].as_array().map(Vec::len),
+        Some(2)
+    );
+
+    // Provider scaffold builds too and reads only its grant.
+    loopx(d, &["extension", "new", "read-file", "--kind", "provider"]).ok();
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(d.join("read-file"))
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--target-dir",
+            target.to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "the provider scaffold does not build");
+    let expected = d.join("read-file/target/wasm32-wasip2/release");
+    std::fs::create_dir_all(&expected).unwrap();
+    std::fs::copy(
+        target.join("wasm32-wasip2/release/read_file.wasm"),
+        expected.join("read_file.wasm"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(d.join("data")).unwrap();
+    std::fs::write(d.join("data/notes.txt"), "hello").unwrap();
+    loopx(
+        d,
+        &[
+            "extension",
+            "install",
+            "read-file",
+            "--grant",
+            "fs.read:workspace=data",
+        ],
+    )
+    .ok();
+    std::fs::write(
+        d.join("req.json"),
+        r#"{"operation": "read", "target": "notes.txt"}"#,
+    )
+    .unwrap();
+    let obs = loopx(
+        d,
+        &[
+            "--format",
+            "json",
+            "provider",
+            "call",
+            "read-file/read-file",
+            "--input",
+            "req.json",
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(obs["observation"]["body"], "hello");
+}
