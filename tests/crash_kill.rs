@@ -157,7 +157,7 @@ fn sigkill_at_random_points_never_loses_a_reported_success() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_micros(rng.next() % 25_000));
+        std::thread::sleep(Duration::from_micros(rng.next() % 40_000));
         if child.try_wait().unwrap().is_none() {
             child.kill().unwrap(); // SIGKILL
             killed += 1;

@@ -231,6 +231,12 @@ fn corrupt_goal_state_projection_is_reported_not_overwritten() {
 fn damaged_database_exits_5_with_path_and_is_not_overwritten() {
     let (p, g) = seeded();
     let db = p.state().join("loopx.db");
+    // Move everything into the main file first (the WAL persists between commands), then damage
+    // its header as a bad disk or a stray write would.
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+        .unwrap();
     let mut bytes = std::fs::read(&db).unwrap();
     for b in bytes.iter_mut().take(100) {
         *b = 0x5a;
@@ -334,12 +340,44 @@ fn an_empty_projection_counts_as_missing_and_is_recreated() {
     let registry = p.state().join("registry.json");
     std::fs::write(&state, b"").unwrap();
     std::fs::write(&registry, b"").unwrap();
-    let run = p.json(&["refresh-state", "--goal-id", &g])["run_id"].as_str().unwrap().to_string();
+    let run = p.json(&["refresh-state", "--goal-id", &g])["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let report = p.state().join(format!("goals/{g}/runs/{run}.json"));
     std::fs::write(&report, b"").unwrap();
     p.json(&["refresh-state"]);
     for path in [&state, &registry, &report] {
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-        assert!(v["schema_version"].is_string(), "{} re-created", path.display());
+        assert!(
+            v["schema_version"].is_string(),
+            "{} re-created",
+            path.display()
+        );
     }
+}
+
+#[test]
+fn a_damaged_page_is_found_by_doctor() {
+    let (p, g) = seeded();
+    for i in 0..200 {
+        p.add_todo(&g, &format!("filler {i} {}", "x".repeat(200)), &[]);
+    }
+    let db = p.state().join("loopx.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+        .unwrap();
+    let mut bytes = std::fs::read(&db).unwrap();
+    assert!(bytes.len() > 8 * 4096);
+    // Scribble over the middle of a b-tree page, leaving the header intact.
+    for b in &mut bytes[5 * 4096 + 100..5 * 4096 + 1000] {
+        *b = 0xa5;
+    }
+    std::fs::write(&db, &bytes).unwrap();
+    let before = p.snapshot();
+    let r = p.run(&["doctor"]);
+    assert_eq!(r.code, 5, "{} {}", r.stdout, r.stderr);
+    assert!(r.stderr.contains(&db.display().to_string()), "{}", r.stderr);
+    assert_eq!(before, p.snapshot());
 }

@@ -121,7 +121,10 @@ impl Project {
             .to_string()
     }
 
-    /// sha256 of every file under the project, keyed by relative path.
+    /// sha256 of every file under the project, keyed by relative path. SQLite's `-shm` file is
+    /// left out: it is the WAL's shared-memory index (read marks and locks, rebuilt from the WAL on
+    /// open), which every reader updates and which holds no data. The database and any non-empty
+    /// WAL are in.
     pub fn snapshot(&self) -> BTreeMap<String, String> {
         use sha2::{Digest, Sha256};
         let mut out = BTreeMap::new();
@@ -132,6 +135,14 @@ impl Project {
                 let path = entry.path();
                 if path.is_dir() {
                     stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "db-shm") {
+                    continue;
+                } else if path.extension().is_some_and(|e| e == "db-wal")
+                    && std::fs::metadata(&path).is_ok_and(|m| m.len() == 0)
+                {
+                    // An empty WAL is what opening a WAL database creates; SQLite reads it
+                    // exactly as an absent one.
+                    continue;
                 } else {
                     let bytes = std::fs::read(&path).expect("read");
                     let rel = path
