@@ -55,7 +55,10 @@ fn work_log(p: &Project) -> Vec<(String, String)> {
         .lines()
         .map(|l| {
             let mut it = l.split(' ');
-            (it.next().unwrap().to_string(), it.next().unwrap().to_string())
+            (
+                it.next().unwrap().to_string(),
+                it.next().unwrap().to_string(),
+            )
         })
         .collect()
 }
@@ -68,7 +71,18 @@ fn two_agents_never_work_the_same_todo() {
         p.add_todo(id);
     }
     // t10 waits for t1: the loop that finishes early must wait for it instead of quitting.
-    p.ok(&["todo", "add", "--goal-id", "g", "--id", "t11", "--title", "after t1", "--depends-on", "t1"]);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "t11",
+        "--title",
+        "after t1",
+        "--depends-on",
+        "t1",
+    ]);
     let host = p.script("worker.sh", WORKER);
     let a1 = p.spawn(&loop_args("a1", &host));
     let a2 = p.spawn(&loop_args("a2", &host));
@@ -77,7 +91,10 @@ fn two_agents_never_work_the_same_todo() {
     let log = work_log(&p);
     let mut seen = HashSet::new();
     for (agent, todo) in &log {
-        assert!(seen.insert(todo.clone()), "{todo} worked twice (again by {agent}): {log:?}");
+        assert!(
+            seen.insert(todo.clone()),
+            "{todo} worked twice (again by {agent}): {log:?}"
+        );
     }
     let mut want: HashSet<String> = ids.iter().cloned().collect();
     want.insert("t11".into());
@@ -89,9 +106,16 @@ fn two_agents_never_work_the_same_todo() {
         *m.entry(a.as_str()).or_default() += 1;
         m
     });
-    assert!(per_agent.get("a1").copied().unwrap_or(0) >= 1, "{per_agent:?}");
-    assert!(per_agent.get("a2").copied().unwrap_or(0) >= 1, "{per_agent:?}");
-    let turns = r1["loop"]["turns"].as_array().unwrap().len() + r2["loop"]["turns"].as_array().unwrap().len();
+    assert!(
+        per_agent.get("a1").copied().unwrap_or(0) >= 1,
+        "{per_agent:?}"
+    );
+    assert!(
+        per_agent.get("a2").copied().unwrap_or(0) >= 1,
+        "{per_agent:?}"
+    );
+    let turns = r1["loop"]["turns"].as_array().unwrap().len()
+        + r2["loop"]["turns"].as_array().unwrap().len();
     assert_eq!(turns, 11);
     assert_eq!(p.spends().len(), 11);
     for r in [&r1, &r2] {
@@ -108,7 +132,15 @@ fn a_gate_scoped_to_one_agent_stops_only_that_agent() {
         p.add_todo(&format!("t{i}"));
     }
     p.ok(&[
-        "todo", "add", "--goal-id", "g", "--kind", "user_gate", "--blocks-agent", "a1", "--title",
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--kind",
+        "user_gate",
+        "--blocks-agent",
+        "a1",
+        "--title",
         "review a1's plan",
     ]);
     let host = p.script("worker.sh", WORKER);
@@ -130,7 +162,14 @@ fn a_global_gate_stops_every_agent() {
     let p = Project::new();
     p.add_todo("t1");
     p.ok(&[
-        "todo", "add", "--goal-id", "g", "--kind", "user_gate", "--global-gate", "--title",
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--kind",
+        "user_gate",
+        "--global-gate",
+        "--title",
         "hold everything",
     ]);
     let host = p.script("worker.sh", WORKER);
@@ -184,8 +223,17 @@ fn the_budget_bounds_the_loop() {
     }
     let host = p.script("worker.sh", WORKER);
     let out = p.json(&[
-        "loop", "--goal-id", "g", "--agent-id", "a1", "--max-turns", "2", "--until-idle",
-        "--trust-host-completion", "--", &host,
+        "loop",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--max-turns",
+        "2",
+        "--until-idle",
+        "--trust-host-completion",
+        "--",
+        &host,
     ]);
     assert_eq!(out["loop"]["turns"].as_array().unwrap().len(), 2);
     assert_eq!(out["loop"]["final_disposition"], "terminal");
@@ -198,8 +246,18 @@ fn repeated_failures_stop_the_loop_with_repair() {
     p.add_todo("t1");
     let host = p.script("fail.sh", "cat >/dev/null\nexit 1\n");
     let out = p.json(&[
-        "loop", "--goal-id", "g", "--agent-id", "a1", "--max-turns", "10", "--until-idle",
-        "--max-consecutive-failures", "2", "--", &host,
+        "loop",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--max-turns",
+        "10",
+        "--until-idle",
+        "--max-consecutive-failures",
+        "2",
+        "--",
+        &host,
     ]);
     let turns = out["loop"]["turns"].as_array().unwrap();
     assert_eq!(turns.len(), 2, "one retry, then repair");
@@ -215,8 +273,17 @@ fn sigint_settles_the_turn_in_flight_and_stops() {
     p.add_todo("t2");
     let host = p.script("slow.sh", "cat >/dev/null\necho $$ > host.pid\nsleep 30\n");
     let child = p.spawn(&[
-        "--format", "json", "loop", "--goal-id", "g", "--agent-id", "a1", "--max-turns", "5",
-        "--", &host,
+        "--format",
+        "json",
+        "loop",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--max-turns",
+        "5",
+        "--",
+        &host,
     ]);
     let pid_file = p.file("host.pid");
     let t0 = Instant::now();
@@ -228,16 +295,32 @@ fn sigint_settles_the_turn_in_flight_and_stops() {
         libc::kill(child.id() as i32, libc::SIGINT);
     }
     let out = child.wait_with_output().unwrap();
-    assert!(t0.elapsed() < Duration::from_secs(8), "loop did not stop promptly");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        t0.elapsed() < Duration::from_secs(8),
+        "loop did not stop promptly"
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["loop"]["interrupted"], true);
     let turns = v["loop"]["turns"].as_array().unwrap();
     assert_eq!(turns.len(), 1, "no new turn after the signal");
     assert_eq!(turns[0]["kind"], "host_failure");
     assert_eq!(turns[0]["status"], "failed");
-    let host_pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let host_pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(!alive(host_pid), "host survived the interrupt");
     assert_eq!(p.todo_status("t1"), "open", "lease released");
-    assert!(p.json(&["turn", "recover"])["turns"].as_array().unwrap().is_empty());
+    assert!(
+        p.json(&["turn", "recover"])["turns"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
 }

@@ -42,7 +42,10 @@ fn crashed_turn(point: &str) -> (Project, String) {
     );
     let log = p.hosts_log();
     let key = if point == "start" {
-        assert!(log.is_empty(), "the host must not have run before start committed");
+        assert!(
+            log.is_empty(),
+            "the host must not have run before start committed"
+        );
         // The journal row exists; recovery reports its key.
         String::new()
     } else {
@@ -77,7 +80,11 @@ fn assert_completed_once(p: &Project, key: &str) {
     assert_eq!(p.todo_status("t1"), "completed");
     assert!(p.todo("t1")["todo"]["claim"].is_null());
     assert_eq!(p.evidence_count("t1"), 1, "evidence exactly once");
-    assert_eq!(p.spends(), vec![format!("turn:{key}")], "exactly one spend row");
+    assert_eq!(
+        p.spends(),
+        vec![format!("turn:{key}")],
+        "exactly one spend row"
+    );
     assert_eq!(p.spent_slots(), 1);
     assert_eq!(p.hosts_log().len(), 1, "the host is never re-run");
     let runs = p.history();
@@ -85,7 +92,8 @@ fn assert_completed_once(p: &Project, key: &str) {
     assert_eq!(runs[0]["classification"], "validated_completion");
     let run_id = runs[0]["run_id"].as_str().unwrap();
     assert!(
-        p.file(&format!(".loopx/goals/g/runs/{run_id}.json")).exists(),
+        p.file(&format!(".loopx/goals/g/runs/{run_id}.json"))
+            .exists(),
         "run report written"
     );
     // t2 untouched.
@@ -127,7 +135,15 @@ fn crash_then_recover(point: &str) {
     // Replaying the key returns the stored result without effects.
     let host = p.file("host.sh");
     let replay = p.json(&[
-        "turn", "run", "--goal-id", "g", "--agent-id", "a1", "--turn-key", &key, "--",
+        "turn",
+        "run",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--turn-key",
+        &key,
+        "--",
         host.to_str().unwrap(),
     ]);
     assert_eq!(replay["turn"]["replayed"], true);
@@ -221,7 +237,14 @@ fn other_agents_do_not_recover_foreign_turns() {
     let (p, key) = crashed_turn("typed_result");
     let host = p.file("host.sh");
     let out = p.json(&[
-        "turn", "run", "--goal-id", "g", "--agent-id", "a2", "--", host.to_str().unwrap(),
+        "turn",
+        "run",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a2",
+        "--",
+        host.to_str().unwrap(),
     ]);
     assert_eq!(out["turn"]["recovered_turns"], serde_json::json!([]));
     assert_eq!(out["turn"]["todo_id"], "t2", "t1 is still leased to a1");

@@ -33,8 +33,17 @@ fn assert_failed_cleanly(p: &Project, turn: &Value, kind: &str) {
     assert_eq!(runs[0]["classification"], kind);
     let j = p.journal(turn["turn_key"].as_str().unwrap());
     assert_eq!(j["status"], "failed");
-    assert_eq!(j["phases"].as_array().unwrap().last().unwrap(), "terminal_closeout");
-    assert!(!j["phases"].as_array().unwrap().iter().any(|x| x == "quota_spend"));
+    assert_eq!(
+        j["phases"].as_array().unwrap().last().unwrap(),
+        "terminal_closeout"
+    );
+    assert!(
+        !j["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x == "quota_spend")
+    );
 }
 
 #[test]
@@ -44,7 +53,10 @@ fn non_zero_exit_is_host_failure() {
     assert_failed_cleanly(&p, &t, "host_failure");
     assert_eq!(t["failed_phase"], "host_execute");
     let detail = t["detail"].as_str().unwrap();
-    assert!(detail.contains("status 3") && detail.contains("it broke"), "{detail}");
+    assert!(
+        detail.contains("status 3") && detail.contains("it broke"),
+        "{detail}"
+    );
 }
 
 #[test]
@@ -72,7 +84,10 @@ fn timeout_kills_the_whole_process_group_quickly() {
         .parse()
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    assert!(!alive(child), "the host's background child {child} survived");
+    assert!(
+        !alive(child),
+        "the host's background child {child} survived"
+    );
 }
 
 #[test]
@@ -150,6 +165,21 @@ fn validator_accepting_completes_the_todo() {
     assert_eq!(t["spent"], true);
     assert_eq!(p.todo_status("t1"), "completed");
     assert_eq!(p.evidence_count("t1"), 1);
+    // `turn run` re-projects the goal state after the turn.
+    let state: Value = serde_json::from_str(
+        &std::fs::read_to_string(p.file(".loopx/goals/g/state.json")).unwrap(),
+    )
+    .unwrap();
+    let t1 = state["todos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == "t1")
+        .unwrap();
+    assert_eq!(t1["status"], "completed");
+    // The run report was written once.
+    let run_id = p.history()[0]["run_id"].as_str().unwrap().to_string();
+    assert!(p.file(&format!(".loopx/goals/g/runs/{run_id}.md")).exists());
 }
 
 #[test]
@@ -180,7 +210,10 @@ fn a_child_that_outlives_the_host_is_killed_with_the_group() {
     std::thread::sleep(Duration::from_millis(200));
     assert!(!alive(child), "background child {child} outlived the host");
     std::thread::sleep(Duration::from_secs(3));
-    assert!(!p.file("marker").exists(), "the orphaned child ran to completion");
+    assert!(
+        !p.file("marker").exists(),
+        "the orphaned child ran to completion"
+    );
 }
 
 #[test]
@@ -208,7 +241,10 @@ fn host_gets_request_on_stdin_and_turn_env() {
         "LOOPX_AGENT_ID=a1".to_string(),
         "LOOPX_TODO_ID=t1".to_string(),
         format!("LOOPX_TURN_KEY={key}"),
-        format!("LOOPX_CLAIM_KEY={}", req["claim"]["claim_key"].as_str().unwrap()),
+        format!(
+            "LOOPX_CLAIM_KEY={}",
+            req["claim"]["claim_key"].as_str().unwrap()
+        ),
     ] {
         assert!(env.contains(&want), "missing {want} in\n{env}");
     }
@@ -235,11 +271,21 @@ fn missing_program_is_host_failure() {
     let p = Project::new();
     p.add_todo("t1");
     let t = p.json(&[
-        "turn", "run", "--goal-id", "g", "--agent-id", "a1", "--", "/nonexistent/host",
+        "turn",
+        "run",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--",
+        "/nonexistent/host",
     ])["turn"]
         .clone();
     assert_failed_cleanly(&p, &t, "host_failure");
-    assert!(t["detail"].as_str().unwrap().contains("could not start"), "{t}");
+    assert!(
+        t["detail"].as_str().unwrap().contains("could not start"),
+        "{t}"
+    );
 }
 
 #[test]
@@ -248,7 +294,16 @@ fn sigterm_to_loopx_terminates_the_host_and_settles_the_turn() {
     p.add_todo("t1");
     let host = p.script("host.sh", "cat >/dev/null\necho $$ > host.pid\nsleep 30\n");
     let child = p.spawn(&[
-        "--format", "json", "turn", "run", "--goal-id", "g", "--agent-id", "a1", "--", &host,
+        "--format",
+        "json",
+        "turn",
+        "run",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--",
+        &host,
     ]);
     let pid_file = p.file("host.pid");
     let t0 = Instant::now();
@@ -263,8 +318,17 @@ fn sigterm_to_loopx_terminates_the_host_and_settles_the_turn() {
     assert!(t0.elapsed() < Duration::from_secs(8));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["turn"]["kind"], "host_failure");
-    assert!(v["turn"]["detail"].as_str().unwrap().contains("interrupted"));
-    let host_pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    assert!(
+        v["turn"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("interrupted")
+    );
+    let host_pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(!alive(host_pid));
     assert_eq!(p.todo_status("t1"), "open");
 }

@@ -28,7 +28,16 @@ fn routes_follow_the_goal_state() {
     assert_eq!(p.todo_status("t1"), "open");
 
     // Someone else holds the only todo: wait.
-    p.ok(&["todo", "claim", "--goal-id", "g", "--todo-id", "t1", "--agent-id", "a2"]);
+    p.ok(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        "t1",
+        "--agent-id",
+        "a2",
+    ]);
     assert_eq!(plan(&p, "a1")["route"], "wait");
     // ...and the holder is told to continue it.
     let held = plan(&p, "a2");
@@ -38,7 +47,15 @@ fn routes_follow_the_goal_state() {
     // A gate scoped to a1 stops a1 only.
     p.add_todo("t2");
     p.ok(&[
-        "todo", "add", "--goal-id", "g", "--kind", "user_gate", "--blocks-agent", "a1", "--title",
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--kind",
+        "user_gate",
+        "--blocks-agent",
+        "a1",
+        "--title",
         "approve a1",
     ]);
     assert_eq!(plan(&p, "a1")["route"], "user_action_required");
@@ -54,7 +71,14 @@ fn a_turn_on_a_non_ready_route_runs_no_host() {
     let p = Project::new();
     let host = p.script("host.sh", "touch ran\n");
     let out = p.json(&[
-        "turn", "run", "--goal-id", "g", "--agent-id", "a1", "--", &host,
+        "turn",
+        "run",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--",
+        &host,
     ]);
     assert_eq!(out["turn"]["route"], "replan_required");
     assert!(out["turn"]["kind"].is_null());

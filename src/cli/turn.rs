@@ -8,7 +8,8 @@ use super::{Context, opt};
 use crate::clock::rfc3339;
 use crate::error::{Result, bad_input};
 use crate::turn::driver::{
-    DEFAULT_TIMEOUT_SECONDS, TurnOutcome, TurnRequest, inspect, plan, recover, run_turn,
+    DEFAULT_TIMEOUT_SECONDS, TurnOutcome, TurnRequest, inspect, plan, recover, refresh_projection,
+    run_turn,
 };
 use crate::turn::host::install_stop_handlers;
 
@@ -167,7 +168,11 @@ pub fn run(ctx: &Context, cmd: TurnCommand) -> Result<Output> {
             req.todo_id = todo_id;
             req.turn_key = turn_key;
             install_stop_handlers();
-            let o = run_turn(&mut kernel, &req)?;
+            let mut o = run_turn(&mut kernel, &req)?;
+            if o.kind.is_some() && !o.replayed {
+                o.warnings
+                    .extend(refresh_projection(&mut kernel, &o.goal_id));
+            }
             let heading = match (o.kind, o.replayed) {
                 (Some(k), true) => format!("Turn replayed: {k}"),
                 (Some(k), false) => format!("Turn settled: {k}"),
@@ -177,6 +182,13 @@ pub fn run(ctx: &Context, cmd: TurnCommand) -> Result<Output> {
         }
         TurnCommand::Recover { goal_id } => {
             let outcomes = recover(&mut kernel, goal_id.as_deref(), None)?;
+            let mut goals: Vec<&str> = outcomes.iter().map(|o| o.goal_id.as_str()).collect();
+            goals.sort();
+            goals.dedup();
+            let warnings: Vec<String> = goals
+                .into_iter()
+                .filter_map(|g| refresh_projection(&mut kernel, g))
+                .collect();
             let rows = outcomes
                 .iter()
                 .map(|o| {
@@ -198,7 +210,8 @@ pub fn run(ctx: &Context, cmd: TurnCommand) -> Result<Output> {
             .table(
                 &["turn", "agent", "todo", "kind", "status", "phases"],
                 rows,
-            ))
+            )
+            .list(warnings))
         }
         TurnCommand::Inspect { turn_key } => {
             let rec = inspect(&mut kernel, &turn_key)?;

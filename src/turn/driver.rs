@@ -1131,8 +1131,19 @@ fn closeout(
             write_report(kernel, &run, warnings);
         }
     }
-    if let Err(e) = kernel.write_goal_projection(&rec.goal_id) {
-        warnings.push(format!("goal projection: {e}"));
-    }
     Ok(())
 }
+
+/// Rewrites the goal's `state.json` / `STATE.md` projections. The driver itself does not (they
+/// are projections, re-created by any `refresh-state`); `loopx turn run` calls this after every
+/// turn and `loopx loop` at most every [`PROJECTION_INTERVAL_MS`] and when it stops. Returns a
+/// warning instead of failing: a turn that settled is not undone by a projection error.
+pub fn refresh_projection(kernel: &mut Kernel, goal_id: &str) -> Option<String> {
+    kernel
+        .write_goal_projection(goal_id)
+        .err()
+        .map(|e| format!("goal projection: {e}"))
+}
+
+/// How often `loopx loop` re-projects the goal state while it runs.
+pub const PROJECTION_INTERVAL_MS: i64 = 2_000;

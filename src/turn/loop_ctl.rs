@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::TurnResultKind;
-use super::driver::{TurnOutcome, TurnRequest, plan, run_turn};
+use super::driver::{
+    PROJECTION_INTERVAL_MS, TurnOutcome, TurnRequest, plan, refresh_projection, run_turn,
+};
 use super::host::stop_requested;
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input};
@@ -144,6 +146,8 @@ pub struct LoopReport {
     pub stop_reason: String,
     pub interrupted: bool,
     pub elapsed_ms: u64,
+    /// Projection problems (the turns themselves settled).
+    pub warnings: Vec<String>,
 }
 
 /// Sleeps up to `d`, waking early on SIGINT/SIGTERM.
@@ -185,6 +189,8 @@ pub fn run_loop(
     let mut turns: Vec<TurnOutcome> = Vec::new();
     let mut last: Option<TurnOutcome> = None;
     let max_sleep = Duration::from_secs(req.max_sleep_seconds.max(1));
+    let mut warnings: Vec<String> = Vec::new();
+    let mut projected_at = 0i64;
     let (disposition, route, stop_reason) = loop {
         if stop_requested() {
             break (
@@ -215,6 +221,10 @@ pub fn run_loop(
                     continue;
                 };
                 budget.record(kind);
+                if now_ms() - projected_at >= PROJECTION_INTERVAL_MS {
+                    warnings.extend(refresh_projection(kernel, &goal_id));
+                    projected_at = now_ms();
+                }
                 on_turn(budget.completed_turns, &budget, &outcome);
                 turns.push(outcome.clone());
                 last = Some(outcome);
@@ -248,8 +258,14 @@ pub fn run_loop(
             }
         }
     };
+    if !turns.is_empty() {
+        warnings.extend(refresh_projection(kernel, &goal_id));
+    }
+    warnings.sort();
+    warnings.dedup();
     Ok(LoopReport {
         schema_version: LOOP_SCHEMA,
+        warnings,
         goal_id,
         agent_id,
         turns,

@@ -99,7 +99,16 @@ impl Project {
     }
 
     pub fn add_todo(&self, id: &str) {
-        self.ok(&["todo", "add", "--goal-id", "g", "--id", id, "--title", &format!("work {id}")]);
+        self.ok(&[
+            "todo",
+            "add",
+            "--goal-id",
+            "g",
+            "--id",
+            id,
+            "--title",
+            &format!("work {id}"),
+        ]);
     }
 
     /// Writes an executable `/bin/sh` script and returns its path.
@@ -115,7 +124,10 @@ impl Project {
     }
 
     pub fn todo_status(&self, id: &str) -> String {
-        self.todo(id)["todo"]["status"].as_str().unwrap().to_string()
+        self.todo(id)["todo"]["status"]
+            .as_str()
+            .unwrap()
+            .to_string()
     }
 
     pub fn evidence_count(&self, id: &str) -> usize {

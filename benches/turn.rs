@@ -1,0 +1,238 @@
+//! Per-turn overhead of the turn driver, beside the same work as separate CLI commands.
+//!
+//! On a goal with 1,000 open todos, with a trivial host (`/bin/echo` printing a minimal valid
+//! `completed` result, so every turn claims, completes with one evidence item, records a run,
+//! spends and releases) and the built-in capability:
+//!
+//! * `driver (library)`: `loopx::runtime::run_turn` in-process, all six phases journaled;
+//! * `host alone`: the same `/bin/echo` spawned directly (the floor the driver cannot go below);
+//! * `driver overhead`: the difference of the two medians;
+//! * `loopx turn run` as a whole process (process start + open + the turn);
+//! * the manual tick as separate processes: `quota should-run`, `todo claim`, `todo complete`,
+//!   `refresh-state`, `quota spend-slot`.
+//!
+//! Run with `cargo bench --bench turn` (release profile). Medians over ROUNDS turns.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use loopx::Kernel;
+use loopx::kernel::Actor;
+use loopx::kernel::goal::NewGoal;
+use loopx::kernel::model::{Priority, Role, Todo, TodoKind, TodoStatus};
+use loopx::paths::ProjectPaths;
+use loopx::runtime::{TurnRequest, TurnResultKind, run_turn};
+
+const TODOS: usize = 1_000;
+const ROUNDS: usize = 60;
+const RESULT: &str = r#"{"schema_version":"loopx.turn_result.v1","status":"completed","summary":"bench","evidence":[{"text":"bench evidence"}]}"#;
+
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[xs.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn seed(dir: &Path) -> Kernel {
+    Kernel::init(dir).unwrap().expect("fresh project");
+    let mut k = Kernel::open(ProjectPaths::at(dir)).unwrap();
+    k.create_goal(
+        &Actor::Operator,
+        NewGoal {
+            id: Some("bench".into()),
+            title: "Bench goal".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let now = loopx::clock::now_ms();
+    k.write(|tx| {
+        for i in 0..TODOS {
+            tx.insert_todo(&Todo {
+                id: format!("t{}", i + 1),
+                goal_id: "bench".into(),
+                role: Role::Agent,
+                kind: TodoKind::Task,
+                title: format!("bench todo {i}"),
+                detail: String::new(),
+                priority: Priority::from_rank((i % 5) as i64),
+                status: TodoStatus::Open,
+                depends_on: Vec::new(),
+                capability: None,
+                lane: None,
+                gate_scope: None,
+                claim: None,
+                last_fence: 0,
+                status_reason: None,
+                created_at: now,
+                updated_at: now,
+            })?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    k
+}
+
+fn host_argv() -> Vec<String> {
+    vec!["/bin/echo".to_string(), RESULT.to_string()]
+}
+
+fn loopx(dir: &Path, args: &[&str]) -> Duration {
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_loopx"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let took = start.elapsed();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
+
+fn main() {
+    // 1. The driver in-process.
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = seed(dir.path());
+    let mut req = TurnRequest::new("bench", "bench-agent", host_argv());
+    req.trust_host_completion = true;
+    req.timeout_seconds = 30;
+    let mut lib = Vec::new();
+    for _ in 0..ROUNDS {
+        let s = Instant::now();
+        let o = run_turn(&mut k, &req).unwrap();
+        lib.push(s.elapsed());
+        assert_eq!(o.kind, Some(TurnResultKind::ValidatedCompletion), "{o:?}");
+    }
+    // 2. The host alone.
+    let host: Vec<Duration> = (0..ROUNDS)
+        .map(|_| {
+            let s = Instant::now();
+            let out = Command::new("/bin/echo").arg(RESULT).output().unwrap();
+            assert!(out.status.success());
+            s.elapsed()
+        })
+        .collect();
+    // 3. `loopx turn run` as a process.
+    let dir2 = tempfile::tempdir().unwrap();
+    drop(seed(dir2.path()));
+    let mut cli = Vec::new();
+    for _ in 0..ROUNDS {
+        cli.push(loopx(
+            dir2.path(),
+            &[
+                "turn",
+                "run",
+                "--goal-id",
+                "bench",
+                "--agent-id",
+                "bench-agent",
+                "--trust-host-completion",
+                "--timeout-seconds",
+                "30",
+                "--",
+                "/bin/echo",
+                RESULT,
+            ],
+        ));
+    }
+    // 4. The same work as five separate commands.
+    let dir3 = tempfile::tempdir().unwrap();
+    drop(seed(dir3.path()));
+    let d = dir3.path();
+    let mut manual = Vec::new();
+    for r in 0..ROUNDS {
+        let agent = format!("bench-{r}");
+        let key = format!("k{r}");
+        let todo = format!("t{}", r + 1);
+        let s = Instant::now();
+        loopx(
+            d,
+            &[
+                "quota",
+                "should-run",
+                "--goal-id",
+                "bench",
+                "--agent-id",
+                &agent,
+            ],
+        );
+        loopx(
+            d,
+            &[
+                "todo",
+                "claim",
+                "--goal-id",
+                "bench",
+                "--todo-id",
+                &todo,
+                "--agent-id",
+                &agent,
+                "--idempotency-key",
+                &key,
+            ],
+        );
+        loopx(
+            d,
+            &[
+                "todo",
+                "complete",
+                "--goal-id",
+                "bench",
+                "--todo-id",
+                &todo,
+                "--agent-id",
+                &agent,
+                "--claim-key",
+                &key,
+                "--evidence",
+                "bench evidence",
+            ],
+        );
+        loopx(
+            d,
+            &[
+                "refresh-state",
+                "--goal-id",
+                "bench",
+                "--agent-id",
+                &agent,
+                "--todo-id",
+                &todo,
+            ],
+        );
+        loopx(
+            d,
+            &[
+                "quota",
+                "spend-slot",
+                "--goal-id",
+                "bench",
+                "--agent-id",
+                &agent,
+            ],
+        );
+        manual.push(s.elapsed());
+    }
+    let (lib_m, host_m) = (median(lib), median(host));
+    println!("turn driver, {TODOS} todos, {ROUNDS} turns each, medians (release build)");
+    println!("  driver (library run_turn, 6 phases)  {}", ms(lib_m));
+    println!("  host alone (/bin/echo spawn)         {}", ms(host_m));
+    println!(
+        "  driver overhead (difference)         {}   target < 15 ms",
+        ms(lib_m.saturating_sub(host_m))
+    );
+    println!("  `loopx turn run` process             {}", ms(median(cli)));
+    println!(
+        "  5 separate CLI commands              {}   (should-run, claim, complete, refresh-state, spend-slot)",
+        ms(median(manual))
+    );
+}
