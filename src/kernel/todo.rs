@@ -70,10 +70,12 @@ pub struct TodoChange {
 /// Splits a leading `[Pn]` priority tag off a title.
 fn split_priority_prefix(title: &str) -> (Option<Priority>, String) {
     let t = title.trim();
-    if t.len() >= 4 && t.starts_with("[P") && t.as_bytes()[3] == b']' {
-        if let Ok(p) = Priority::parse(&t[1..3]) {
-            return (Some(p), t[4..].trim().to_string());
-        }
+    if t.len() >= 4
+        && t.starts_with("[P")
+        && t.as_bytes()[3] == b']'
+        && let Ok(p) = Priority::parse(&t[1..3])
+    {
+        return (Some(p), t[4..].trim().to_string());
     }
     (None, t.to_string())
 }

@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rusqlite::{
-    Connection, ErrorCode, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior,
-    params,
+    Connection, ErrorCode, OpenFlags, OptionalExtension, Row, TransactionBehavior, params,
 };
 
 use super::migrations::MIGRATIONS;
@@ -102,13 +101,11 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT)
             .map_err(|e| map_err(&path, "setting busy timeout", e))?;
         self.conn
-            .execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA journal_size_limit=8388608;")
+            .execute_batch(
+                "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA wal_autocheckpoint=0;",
+            )
             .map_err(|e| map_err(&path, "configuring the connection", e))?;
-        // Every CLI command is a short-lived process, so the default checkpoint when the last
-        // connection closes would run on nearly every command: extra fsyncs of the WAL and the
-        // database, plus a directory fsync to re-create the WAL next time. The WAL stays instead
-        // and SQLite checkpoints it inside a commit once it passes 1,000 pages; the commit's own
-        // fsync is what makes a command durable either way.
+        // See WAL_CHECKPOINT_BYTES: checkpoints are explicit, never on close.
         self.conn
             .set_db_config(
                 rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
@@ -162,29 +159,11 @@ impl SqliteStore {
 
 impl Store for SqliteStore {
     fn begin_read(&mut self) -> Result<Box<dyn StoreTx + '_>> {
-        let path = &self.path;
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Deferred)
-            .map_err(|e| map_err(path, "starting a read", e))?;
-        Ok(Box::new(SqliteTx {
-            tx,
-            path,
-            writable: false,
-        }))
+        SqliteTx::begin(&self.conn, &self.path, false)
     }
 
     fn begin_write(&mut self) -> Result<Box<dyn StoreTx + '_>> {
-        let path = &self.path;
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| map_err(path, "taking the write lock", e))?;
-        Ok(Box::new(SqliteTx {
-            tx,
-            path,
-            writable: true,
-        }))
+        SqliteTx::begin(&self.conn, &self.path, true)
     }
 
     fn integrity_check(&mut self) -> Result<Vec<String>> {
@@ -205,11 +184,52 @@ impl Store for SqliteStore {
     }
 }
 
+/// One transaction on the connection. Ends with `commit`, or rolls back when dropped.
 struct SqliteTx<'a> {
-    tx: Transaction<'a>,
+    conn: &'a Connection,
     path: &'a Path,
     writable: bool,
+    finished: bool,
 }
+
+impl<'a> SqliteTx<'a> {
+    fn begin(
+        conn: &'a Connection,
+        path: &'a Path,
+        writable: bool,
+    ) -> Result<Box<dyn StoreTx + 'a>> {
+        let (sql, context) = if writable {
+            ("BEGIN IMMEDIATE", "taking the write lock")
+        } else {
+            ("BEGIN DEFERRED", "starting a read")
+        };
+        conn.execute_batch(sql)
+            .map_err(|e| map_err(path, context, e))?;
+        Ok(Box::new(SqliteTx {
+            conn,
+            path,
+            writable,
+            finished: false,
+        }))
+    }
+}
+
+impl Drop for SqliteTx<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Rolling back a failed or abandoned transaction; an error here leaves SQLite to roll
+            // back when the connection closes, which it does anyway.
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+}
+
+/// Checkpoint once the WAL passes this size. Each CLI command is a short-lived process, so the
+/// checkpoint SQLite would run when the last connection closes is turned off (it would cost
+/// several fsyncs per command, and make even a read-only command write the database file);
+/// instead the writer that pushes the WAL past this size folds it into the database and truncates
+/// it. Keeping the WAL small also bounds the WAL-index rebuild every new process does on open.
+const WAL_CHECKPOINT_BYTES: u64 = 1 << 20;
 
 const TODO_COLUMNS: &str = "goal_id, id, role, kind, title, detail, priority, status, capability, lane, gate_scope, \
      claim_agent, claim_fence, claim_expires_at, claim_key, claimed_at, last_fence, status_reason, created_at, updated_at";
@@ -399,7 +419,7 @@ impl SqliteTx<'_> {
 
     fn deps_of(&self, goal_id: &str, todo_id: &str) -> Result<Vec<String>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached("SELECT depends_on FROM todo_deps WHERE goal_id = ?1 AND todo_id = ?2 ORDER BY depends_on")
             .map_err(self.err("reading dependencies"))?;
         let deps = stmt
@@ -422,7 +442,7 @@ impl SqliteTx<'_> {
         params: impl rusqlite::Params,
         context: &str,
     ) -> Result<Vec<Todo>> {
-        let mut stmt = self.tx.prepare_cached(sql).map_err(self.err(context))?;
+        let mut stmt = self.conn.prepare_cached(sql).map_err(self.err(context))?;
         let todos: Vec<Todo> = stmt
             .query_map(params, todo_from_row)
             .and_then(|rows| rows.collect())
@@ -461,12 +481,12 @@ impl SqliteTx<'_> {
                 "INSERT INTO todos ({TODO_COLUMNS}, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, \
                  ?14, ?15, ?16, ?17, ?18, ?19, ?20, (SELECT COALESCE(MAX(seq), 0) + 1 FROM todos WHERE goal_id = ?1))"
             );
-            self.tx
+            self.conn
                 .prepare_cached(&sql)
                 .and_then(|mut s| s.execute(values))
                 .map_err(self.err("inserting a todo"))?;
             let mut dep = self
-                .tx
+                .conn
                 .prepare_cached("INSERT OR IGNORE INTO todo_deps (goal_id, todo_id, depends_on) VALUES (?1, ?2, ?3)")
                 .map_err(self.err("inserting dependencies"))?;
             for d in &todo.depends_on {
@@ -478,7 +498,7 @@ impl SqliteTx<'_> {
                  capability = ?9, lane = ?10, gate_scope = ?11, claim_agent = ?12, claim_fence = ?13, \
                  claim_expires_at = ?14, claim_key = ?15, claimed_at = ?16, last_fence = ?17, status_reason = ?18, \
                  created_at = ?19, updated_at = ?20 WHERE goal_id = ?1 AND id = ?2";
-            self.tx
+            self.conn
                 .prepare_cached(sql)
                 .and_then(|mut s| s.execute(values))
                 .map_err(self.err("updating a todo"))?;
@@ -488,14 +508,27 @@ impl SqliteTx<'_> {
 }
 
 impl StoreTx for SqliteTx<'_> {
-    fn commit(self: Box<Self>) -> Result<()> {
+    fn commit(mut self: Box<Self>) -> Result<()> {
         let path = self.path;
-        self.tx.commit().map_err(|e| map_err(path, "committing", e))
+        self.conn
+            .execute_batch("COMMIT")
+            .map_err(|e| map_err(path, "committing", e))?;
+        self.finished = true;
+        if self.writable {
+            let mut wal = path.as_os_str().to_owned();
+            wal.push("-wal");
+            if std::fs::metadata(&wal).is_ok_and(|m| m.len() > WAL_CHECKPOINT_BYTES) {
+                // The commit is already durable; a failed checkpoint only means the next writer
+                // tries again.
+                let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);");
+            }
+        }
+        Ok(())
     }
 
     fn insert_goal(&self, goal: &Goal) -> Result<()> {
         self.ensure_writable()?;
-        self.tx
+        self.conn
             .execute(
                 &format!(
                     "INSERT INTO goals ({GOAL_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
@@ -517,7 +550,7 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn goal(&self, id: &str) -> Result<Option<Goal>> {
-        self.tx
+        self.conn
             .prepare_cached(&format!("SELECT {GOAL_COLUMNS} FROM goals WHERE id = ?1"))
             .and_then(|mut s| s.query_row([id], goal_from_row).optional())
             .map_err(self.err("reading a goal"))
@@ -525,7 +558,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn goals(&self) -> Result<Vec<Goal>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(&format!(
                 "SELECT {GOAL_COLUMNS} FROM goals ORDER BY created_at, id"
             ))
@@ -537,7 +570,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn update_goal(&self, goal: &Goal) -> Result<()> {
         self.ensure_writable()?;
-        self.tx
+        self.conn
             .execute(
                 "UPDATE goals SET title = ?2, objective = ?3, success_criteria = ?4, status = ?5, project_dir = ?6, \
                  next_probe = ?7, updated_at = ?8 WHERE id = ?1",
@@ -558,7 +591,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn goal_ids_with_status(&self, status: GoalStatus) -> Result<Vec<String>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached("SELECT id FROM goals WHERE status = ?1 ORDER BY created_at, id")
             .map_err(self.err("listing goals"))?;
         stmt.query_map([status.as_str()], |r| r.get(0))
@@ -576,7 +609,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn todo(&self, goal_id: &str, todo_id: &str) -> Result<Option<Todo>> {
         let todo = self
-            .tx
+            .conn
             .prepare_cached(&format!(
                 "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 AND id = ?2"
             ))
@@ -594,7 +627,7 @@ impl StoreTx for SqliteTx<'_> {
     fn todos(&self, goal_id: &str) -> Result<Vec<Todo>> {
         // One pass for dependencies instead of one query per todo: `todo list` at 1,000 todos.
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(&format!(
                 "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 ORDER BY priority, seq"
             ))
@@ -604,7 +637,7 @@ impl StoreTx for SqliteTx<'_> {
             .and_then(|rows| rows.collect())
             .map_err(self.err("listing todos"))?;
         let mut deps = self
-            .tx
+            .conn
             .prepare_cached("SELECT todo_id, depends_on FROM todo_deps WHERE goal_id = ?1 ORDER BY todo_id, depends_on")
             .map_err(self.err("listing dependencies"))?;
         let mut by_todo: std::collections::HashMap<String, Vec<String>> =
@@ -627,7 +660,7 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn todo_count(&self, goal_id: &str) -> Result<i64> {
-        self.tx
+        self.conn
             .prepare_cached("SELECT COUNT(*) FROM todos WHERE goal_id = ?1")
             .and_then(|mut s| s.query_row([goal_id], |r| r.get(0)))
             .map_err(self.err("counting todos"))
@@ -674,7 +707,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn todo_status_counts(&self, goal_id: &str) -> Result<Vec<(String, String, i64)>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(
                 "SELECT role, status, COUNT(*) FROM todos WHERE goal_id = ?1 GROUP BY role, status",
             )
@@ -686,7 +719,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn bound_capabilities(&self, goal_id: &str) -> Result<Vec<String>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(
                 "SELECT DISTINCT capability FROM todos WHERE goal_id = ?1 AND capability IS NOT NULL \
                  AND status NOT IN ('completed', 'archived') ORDER BY capability",
@@ -699,7 +732,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn insert_evidence(&self, e: &Evidence) -> Result<i64> {
         self.ensure_writable()?;
-        self.tx
+        self.conn
             .prepare_cached(
                 "INSERT INTO evidence (goal_id, todo_id, text, artifact_path, artifact_digest, run_id, actor, created_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -717,12 +750,12 @@ impl StoreTx for SqliteTx<'_> {
                 ])
             })
             .map_err(self.err("inserting evidence"))?;
-        Ok(self.tx.last_insert_rowid())
+        Ok(self.conn.last_insert_rowid())
     }
 
     fn evidence_for(&self, goal_id: &str, todo_id: &str) -> Result<Vec<Evidence>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(&format!(
                 "SELECT {EVIDENCE_COLUMNS} FROM evidence WHERE goal_id = ?1 AND todo_id = ?2 ORDER BY id"
             ))
@@ -734,7 +767,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn recent_evidence(&self, goal_id: &str, limit: usize) -> Result<Vec<Evidence>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(&format!(
                 "SELECT {EVIDENCE_COLUMNS} FROM evidence WHERE goal_id = ?1 ORDER BY id DESC LIMIT ?2"
             ))
@@ -746,7 +779,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn insert_run(&self, run: &Run) -> Result<()> {
         self.ensure_writable()?;
-        self.tx
+        self.conn
             .prepare_cached(&format!(
                 "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
             ))
@@ -768,7 +801,7 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn run(&self, goal_id: &str, run_id: &str) -> Result<Option<Run>> {
-        self.tx
+        self.conn
             .prepare_cached(&format!(
                 "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND id = ?2"
             ))
@@ -781,7 +814,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn runs(&self, goal_id: &str, limit: usize, before: Option<&str>) -> Result<Vec<Run>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(&format!(
                 "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3"
             ))
@@ -800,7 +833,7 @@ impl StoreTx for SqliteTx<'_> {
                 "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND ?2 IS NULL ORDER BY id DESC LIMIT 1"
             ),
         };
-        self.tx
+        self.conn
             .prepare_cached(&sql)
             .and_then(|mut s| {
                 s.query_row(params![goal_id, agent_id], run_from_row)
@@ -810,7 +843,7 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn run_count(&self, goal_id: &str) -> Result<i64> {
-        self.tx
+        self.conn
             .prepare_cached("SELECT COUNT(*) FROM runs WHERE goal_id = ?1")
             .and_then(|mut s| s.query_row([goal_id], |r| r.get(0)))
             .map_err(self.err("counting runs"))
@@ -818,19 +851,19 @@ impl StoreTx for SqliteTx<'_> {
 
     fn insert_reward(&self, r: &Reward) -> Result<i64> {
         self.ensure_writable()?;
-        self.tx
+        self.conn
             .prepare_cached(
                 "INSERT INTO rewards (goal_id, run_id, score, comment, actor, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )
             .and_then(|mut s| s.execute(params![r.goal_id, r.run_id, r.score, r.comment, r.actor, r.created_at]))
             .map_err(self.err("inserting a reward"))?;
-        Ok(self.tx.last_insert_rowid())
+        Ok(self.conn.last_insert_rowid())
     }
 
     fn rewards_for_runs(&self, goal_id: &str, run_ids: &[String]) -> Result<Vec<Reward>> {
         let mut out = Vec::new();
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(
                 "SELECT id, goal_id, run_id, score, comment, actor, created_at FROM rewards \
                  WHERE goal_id = ?1 AND run_id = ?2 ORDER BY id",
@@ -848,7 +881,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn recent_rewards(&self, goal_id: &str, limit: usize) -> Result<Vec<Reward>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(
                 "SELECT id, goal_id, run_id, score, comment, actor, created_at FROM rewards \
                  WHERE goal_id = ?1 ORDER BY id DESC LIMIT ?2",
@@ -860,7 +893,7 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn quota_policy(&self, goal_id: &str) -> Result<Option<QuotaPolicy>> {
-        self.tx
+        self.conn
             .prepare_cached(
                 "SELECT compute, window_hours, slot_minutes, allowed_slots, per_agent_cap FROM quota_policy WHERE goal_id = ?1",
             )
@@ -881,7 +914,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn set_quota_policy(&self, goal_id: &str, p: &QuotaPolicy) -> Result<()> {
         self.ensure_writable()?;
-        self.tx
+        self.conn
             .execute(
                 "INSERT INTO quota_policy (goal_id, compute, window_hours, slot_minutes, allowed_slots, per_agent_cap) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(goal_id) DO UPDATE SET compute = excluded.compute, \
@@ -894,7 +927,7 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn ledger_entry(&self, effect_id: &str) -> Result<Option<LedgerEntry>> {
-        self.tx
+        self.conn
             .prepare_cached(&format!(
                 "SELECT {LEDGER_COLUMNS} FROM quota_ledger WHERE effect_id = ?1"
             ))
@@ -905,7 +938,7 @@ impl StoreTx for SqliteTx<'_> {
     fn insert_ledger(&self, e: &LedgerEntry) -> Result<bool> {
         self.ensure_writable()?;
         let n = self
-            .tx
+            .conn
             .prepare_cached(&format!(
                 "INSERT OR IGNORE INTO quota_ledger ({LEDGER_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
             ))
@@ -926,7 +959,7 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn spent_since(&self, goal_id: &str, since: i64, agent_id: Option<&str>) -> Result<i64> {
-        self.tx
+        self.conn
             .prepare_cached(
                 "SELECT COALESCE(SUM(slots), 0) FROM quota_ledger WHERE goal_id = ?1 AND created_at >= ?2 \
                  AND (?3 IS NULL OR agent_id = ?3)",
@@ -936,7 +969,7 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn oldest_spend_since(&self, goal_id: &str, since: i64) -> Result<Option<i64>> {
-        self.tx
+        self.conn
             .prepare_cached(
                 "SELECT MIN(created_at) FROM quota_ledger WHERE goal_id = ?1 AND created_at >= ?2 AND kind = 'spend'",
             )
@@ -946,7 +979,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn recent_ledger(&self, goal_id: &str, limit: usize) -> Result<Vec<LedgerEntry>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(&format!(
                 "SELECT {LEDGER_COLUMNS} FROM quota_ledger WHERE goal_id = ?1 ORDER BY created_at DESC, effect_id LIMIT ?2"
             ))
@@ -958,7 +991,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn append_op(&self, op: &OpRecord) -> Result<()> {
         self.ensure_writable()?;
-        self.tx
+        self.conn
             .prepare_cached("INSERT INTO ops (id, goal_id, actor, kind, detail, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
             .and_then(|mut s| {
                 s.execute(params![op.id, op.goal_id, op.actor, op.kind, to_json(&op.detail), op.created_at])
@@ -969,7 +1002,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn ops(&self, goal_id: Option<&str>, limit: usize) -> Result<Vec<OpRecord>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(
                 "SELECT id, goal_id, actor, kind, detail, created_at FROM ops WHERE (?1 IS NULL OR goal_id = ?1) \
                  ORDER BY id DESC LIMIT ?2",
@@ -991,7 +1024,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn upsert_extension(&self, rec: &ExtensionRecord) -> Result<()> {
         self.ensure_writable()?;
-        self.tx
+        self.conn
             .execute(
                 "INSERT INTO extension_revisions (id, revision, version, manifest, grants, install_dir, component_hashes, \
                  installed_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -1007,7 +1040,7 @@ impl StoreTx for SqliteTx<'_> {
                 ],
             )
             .map_err(self.err("recording an extension revision"))?;
-        self.tx
+        self.conn
             .execute(
                 "INSERT INTO extensions (id, active_revision, enabled) VALUES (?1, ?2, ?3) ON CONFLICT(id) DO UPDATE \
                  SET active_revision = excluded.active_revision, enabled = excluded.enabled",
@@ -1018,7 +1051,7 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn extension(&self, id: &str) -> Result<Option<ExtensionRecord>> {
-        self.tx
+        self.conn
             .prepare_cached(
                 "SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
                  r.installed_at, e.enabled FROM extensions e JOIN extension_revisions r \
@@ -1030,7 +1063,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn extensions(&self) -> Result<Vec<ExtensionRecord>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(
                 "SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
                  r.installed_at, e.enabled FROM extensions e JOIN extension_revisions r \
@@ -1044,7 +1077,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn extension_revisions(&self, id: &str) -> Result<Vec<ExtensionRecord>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(
                 "SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
                  r.installed_at, (e.active_revision = r.revision AND e.enabled) FROM extension_revisions r \
@@ -1058,7 +1091,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn set_extension_active(&self, id: &str, revision: Option<i64>, enabled: bool) -> Result<()> {
         self.ensure_writable()?;
-        self.tx
+        self.conn
             .execute(
                 "UPDATE extensions SET active_revision = COALESCE(?2, active_revision), enabled = ?3 WHERE id = ?1",
                 params![id, revision, enabled],
@@ -1069,17 +1102,17 @@ impl StoreTx for SqliteTx<'_> {
 
     fn delete_extension(&self, id: &str) -> Result<()> {
         self.ensure_writable()?;
-        self.tx
+        self.conn
             .execute("DELETE FROM extensions WHERE id = ?1", [id])
             .map_err(self.err("removing an extension"))?;
-        self.tx
+        self.conn
             .execute("DELETE FROM extension_revisions WHERE id = ?1", [id])
             .map_err(self.err("removing an extension"))?;
         Ok(())
     }
 
     fn turn(&self, turn_key: &str) -> Result<Option<TurnRecord>> {
-        self.tx
+        self.conn
             .prepare_cached(&format!(
                 "SELECT {TURN_COLUMNS} FROM turns WHERE turn_key = ?1"
             ))
@@ -1089,7 +1122,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn upsert_turn(&self, t: &TurnRecord) -> Result<()> {
         self.ensure_writable()?;
-        self.tx
+        self.conn
             .prepare_cached(&format!(
                 "INSERT INTO turns ({TURN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
                  ON CONFLICT(turn_key) DO UPDATE SET todo_id = excluded.todo_id, status = excluded.status, \
@@ -1114,7 +1147,7 @@ impl StoreTx for SqliteTx<'_> {
 
     fn unsettled_turns(&self, goal_id: Option<&str>) -> Result<Vec<TurnRecord>> {
         let mut stmt = self
-            .tx
+            .conn
             .prepare_cached(&format!(
                 "SELECT {TURN_COLUMNS} FROM turns WHERE status = 'in_progress' AND (?1 IS NULL OR goal_id = ?1) \
                  ORDER BY created_at"
