@@ -1,0 +1,184 @@
+//! Durable writeback: the host's result goes through the todo's capability and kernel admission.
+//! The built-in default maps statuses and explicit proposals; a refused proposal is recorded but
+//! does not fail the turn unless every proposal was refused; a WebAssembly capability is called
+//! through the plugin host, and its failure is `writeback_failed` with nothing admitted.
+
+mod plugin_support;
+mod turn_support;
+
+use loopx::kernel::Actor;
+use loopx::kernel::todo::NewTodo;
+use serde_json::Value;
+use turn_support::Project;
+
+fn host_printing(p: &Project, result: &str) -> String {
+    p.script(
+        "host.sh",
+        &format!("cat >/dev/null\ncat <<'JSON'\n{result}\nJSON\n"),
+    )
+}
+
+fn turn(p: &Project, host: &str) -> Value {
+    p.json(&["turn", "run", "--goal-id", "g", "--agent-id", "a1", "--", host])["turn"].clone()
+}
+
+#[test]
+fn explicit_proposals_are_admitted_and_refusals_recorded() {
+    let p = Project::new();
+    p.add_todo("t1");
+    p.add_todo("t2");
+    p.ok(&["todo", "claim", "--goal-id", "g", "--todo-id", "t2", "--agent-id", "a2"]);
+    let host = host_printing(
+        &p,
+        r#"{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"split the work",
+            "evidence":[{"text":"looked at it","artifact_path":"notes.md"}],
+            "proposals":[
+              {"type":"add_todo","id":"t9","title":"follow-up found during t1","detail":"","priority":"P1","kind":"task","lane":null,"depends_on":["t1"],"capability":null},
+              {"type":"complete_todo","todo_id":"t2","evidence":"not mine"}
+            ]}"#,
+    );
+    let t = turn(&p, &host);
+    assert_eq!(t["kind"], "validated_progress", "{t}");
+    assert_eq!(t["spent"], true);
+    let j = p.journal(t["turn_key"].as_str().unwrap());
+    let verdicts = j["data"]["writeback"]["verdicts"].as_array().unwrap().clone();
+    assert_eq!(verdicts.len(), 3, "{verdicts:?}");
+    assert_eq!(verdicts[0]["transition"], "attach_evidence");
+    assert_eq!(verdicts[0]["accepted"], true);
+    assert_eq!(verdicts[1]["transition"], "add_todo");
+    assert_eq!(verdicts[1]["accepted"], true);
+    assert_eq!(verdicts[2]["transition"], "complete_todo");
+    assert_eq!(verdicts[2]["accepted"], false, "t2 is leased to a2");
+    assert_eq!(p.todo("t9")["todo"]["depends_on"], serde_json::json!(["t1"]));
+    assert_eq!(p.todo_status("t2"), "claimed");
+    let ev = p.todo("t1")["evidence"].as_array().unwrap().clone();
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0]["artifact_path"], "notes.md");
+    // The run row carries every verdict.
+    let runs = p.history();
+    assert_eq!(runs[0]["payload"]["writeback"]["refused"], 1);
+}
+
+#[test]
+fn every_proposal_refused_is_writeback_failed() {
+    let p = Project::new();
+    p.add_todo("t1");
+    p.add_todo("t2");
+    p.ok(&["todo", "claim", "--goal-id", "g", "--todo-id", "t2", "--agent-id", "a2"]);
+    let host = host_printing(
+        &p,
+        r#"{"schema_version":"loopx.turn_result.v1","status":"progress",
+            "proposals":[{"type":"block_todo","todo_id":"t2","reason":"sabotage"}]}"#,
+    );
+    let t = turn(&p, &host);
+    assert_eq!(t["kind"], "writeback_failed", "{t}");
+    assert_eq!(t["failed_phase"], "durable_writeback");
+    assert_eq!(t["spent"], false);
+    assert_eq!(t["lease"], "released");
+    assert!(p.spends().is_empty());
+    assert_eq!(p.todo_status("t1"), "open");
+    assert_eq!(p.todo_status("t2"), "claimed");
+    assert_eq!(p.history().len(), 1);
+}
+
+#[test]
+fn repair_and_replan_claims_map_to_kernel_transitions() {
+    let p = Project::new();
+    p.add_todo("t1");
+    let host = host_printing(
+        &p,
+        r#"{"schema_version":"loopx.turn_result.v1","status":"repair_required","summary":"the build toolchain is missing"}"#,
+    );
+    let t = turn(&p, &host);
+    assert_eq!(t["kind"], "repair_required");
+    assert_eq!(t["status"], "committed");
+    assert_eq!(t["spent"], true);
+    assert_eq!(t["lease"], "cleared");
+    let t1 = p.todo("t1");
+    assert_eq!(t1["todo"]["status"], "blocked");
+    assert_eq!(t1["todo"]["status_reason"], "the build toolchain is missing");
+
+    p.add_todo("t2");
+    let host = host_printing(
+        &p,
+        r#"{"schema_version":"loopx.turn_result.v1","status":"replan_required","summary":"the approach is wrong"}"#,
+    );
+    let t = turn(&p, &host);
+    assert_eq!(t["kind"], "replan_required");
+    assert_eq!(t["lease"], "released");
+    let j = p.journal(t["turn_key"].as_str().unwrap());
+    assert_eq!(j["data"]["writeback"]["verdicts"][0]["transition"], "request_replan");
+
+    p.add_todo("t3");
+    let host = host_printing(
+        &p,
+        r#"{"schema_version":"loopx.turn_result.v1","status":"wait","summary":"CI is still running"}"#,
+    );
+    let t = turn(&p, &host);
+    assert_eq!(t["kind"], "wait");
+    assert_eq!(t["status"], "stopped");
+    assert_eq!(t["spent"], false);
+    let phases = t["phases"].as_array().unwrap();
+    assert!(!phases.iter().any(|x| x == "quota_spend"), "{phases:?}");
+    assert_eq!(p.spends().len(), 2);
+}
+
+/// A todo bound to a WebAssembly capability: the driver loads it through the plugin host and calls
+/// `propose` with the turn payload. The hostile test capability refuses that payload, so the turn
+/// is `writeback_failed`: nothing admitted, nothing spent, the lease released.
+#[test]
+fn wasm_capability_failure_is_writeback_failed() {
+    let mut pp = plugin_support::Project::new();
+    pp.goal("g");
+    let dir = plugin_support::extension(
+        pp.dir.path(),
+        "hostile",
+        "capability",
+        "cap",
+        &plugin_support::wasm("hostile-cap"),
+        &[],
+        "",
+        "",
+    );
+    let state = pp.paths().state;
+    plugin_support::seed_cache(&state);
+    pp.install(&dir, &[]).unwrap();
+    plugin_support::harvest_cache(&state);
+    let mut t = NewTodo::task("bound to a wasm capability");
+    t.id = Some("t1".into());
+    t.capability = Some("hostile/cap".into());
+    pp.kernel.add_todo(&Actor::Operator, "g", t).unwrap();
+    // Drive it through the CLI, on the same project.
+    let p = Project {
+        dir: tempfile::TempDir::new_in(pp.dir.path()).unwrap(),
+    };
+    let root = pp.dir.path().to_str().unwrap();
+    let host = p.script(
+        "host.sh",
+        "cat >/dev/null\nprintf '{\"schema_version\":\"loopx.turn_result.v1\",\"status\":\"progress\",\"evidence\":[{\"text\":\"x\"}]}'\n",
+    );
+    let out = std::process::Command::new(turn_support::BIN)
+        .args([
+            "--root", root, "--format", "json", "turn", "run", "--goal-id", "g", "--agent-id",
+            "a1", "--", &host,
+        ])
+        .env_remove("LOOPX_AGENT_ID")
+        .env_remove("LOOPX_TURN_KEY")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t = &v["turn"];
+    assert_eq!(t["kind"], "writeback_failed", "{t}");
+    let detail = t["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("hostile/cap") && detail.contains("unknown command"),
+        "{detail}"
+    );
+    let (todo, evidence) = pp.kernel.todo("g", "t1").unwrap();
+    assert_eq!(todo.status.as_str(), "open");
+    assert!(todo.claim.is_none());
+    assert!(evidence.is_empty(), "nothing admitted");
+    let (q, _) = pp.kernel.quota("g", None).unwrap();
+    assert_eq!(q.spent_slots, 0);
+}
