@@ -19,7 +19,17 @@ fn host_printing(p: &Project, result: &str) -> String {
 }
 
 fn turn(p: &Project, host: &str) -> Value {
-    p.json(&["turn", "run", "--goal-id", "g", "--agent-id", "a1", "--", host])["turn"].clone()
+    p.json(&[
+        "turn",
+        "run",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--",
+        host,
+    ])["turn"]
+        .clone()
 }
 
 #[test]
@@ -27,7 +37,16 @@ fn explicit_proposals_are_admitted_and_refusals_recorded() {
     let p = Project::new();
     p.add_todo("t1");
     p.add_todo("t2");
-    p.ok(&["todo", "claim", "--goal-id", "g", "--todo-id", "t2", "--agent-id", "a2"]);
+    p.ok(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        "t2",
+        "--agent-id",
+        "a2",
+    ]);
     let host = host_printing(
         &p,
         r#"{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"split the work",
@@ -41,7 +60,10 @@ fn explicit_proposals_are_admitted_and_refusals_recorded() {
     assert_eq!(t["kind"], "validated_progress", "{t}");
     assert_eq!(t["spent"], true);
     let j = p.journal(t["turn_key"].as_str().unwrap());
-    let verdicts = j["data"]["writeback"]["verdicts"].as_array().unwrap().clone();
+    let verdicts = j["data"]["writeback"]["verdicts"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert_eq!(verdicts.len(), 3, "{verdicts:?}");
     assert_eq!(verdicts[0]["transition"], "attach_evidence");
     assert_eq!(verdicts[0]["accepted"], true);
@@ -49,7 +71,10 @@ fn explicit_proposals_are_admitted_and_refusals_recorded() {
     assert_eq!(verdicts[1]["accepted"], true);
     assert_eq!(verdicts[2]["transition"], "complete_todo");
     assert_eq!(verdicts[2]["accepted"], false, "t2 is leased to a2");
-    assert_eq!(p.todo("t9")["todo"]["depends_on"], serde_json::json!(["t1"]));
+    assert_eq!(
+        p.todo("t9")["todo"]["depends_on"],
+        serde_json::json!(["t1"])
+    );
     assert_eq!(p.todo_status("t2"), "claimed");
     let ev = p.todo("t1")["evidence"].as_array().unwrap().clone();
     assert_eq!(ev.len(), 1);
@@ -64,7 +89,16 @@ fn every_proposal_refused_is_writeback_failed() {
     let p = Project::new();
     p.add_todo("t1");
     p.add_todo("t2");
-    p.ok(&["todo", "claim", "--goal-id", "g", "--todo-id", "t2", "--agent-id", "a2"]);
+    p.ok(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        "t2",
+        "--agent-id",
+        "a2",
+    ]);
     let host = host_printing(
         &p,
         r#"{"schema_version":"loopx.turn_result.v1","status":"progress",
@@ -96,7 +130,10 @@ fn repair_and_replan_claims_map_to_kernel_transitions() {
     assert_eq!(t["lease"], "cleared");
     let t1 = p.todo("t1");
     assert_eq!(t1["todo"]["status"], "blocked");
-    assert_eq!(t1["todo"]["status_reason"], "the build toolchain is missing");
+    assert_eq!(
+        t1["todo"]["status_reason"],
+        "the build toolchain is missing"
+    );
 
     p.add_todo("t2");
     let host = host_printing(
@@ -107,7 +144,10 @@ fn repair_and_replan_claims_map_to_kernel_transitions() {
     assert_eq!(t["kind"], "replan_required");
     assert_eq!(t["lease"], "released");
     let j = p.journal(t["turn_key"].as_str().unwrap());
-    assert_eq!(j["data"]["writeback"]["verdicts"][0]["transition"], "request_replan");
+    assert_eq!(
+        j["data"]["writeback"]["verdicts"][0]["transition"],
+        "request_replan"
+    );
 
     p.add_todo("t3");
     let host = host_printing(
@@ -159,14 +199,28 @@ fn wasm_capability_failure_is_writeback_failed() {
     );
     let out = std::process::Command::new(turn_support::BIN)
         .args([
-            "--root", root, "--format", "json", "turn", "run", "--goal-id", "g", "--agent-id",
-            "a1", "--", &host,
+            "--root",
+            root,
+            "--format",
+            "json",
+            "turn",
+            "run",
+            "--goal-id",
+            "g",
+            "--agent-id",
+            "a1",
+            "--",
+            &host,
         ])
         .env_remove("LOOPX_AGENT_ID")
         .env_remove("LOOPX_TURN_KEY")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let t = &v["turn"];
     assert_eq!(t["kind"], "writeback_failed", "{t}");

@@ -332,3 +332,49 @@ fn sigterm_to_loopx_terminates_the_host_and_settles_the_turn() {
     assert!(!alive(host_pid));
     assert_eq!(p.todo_status("t1"), "open");
 }
+
+/// The host runs in the goal's project directory; a relative host path is resolved against the
+/// directory `loopx` was started in.
+#[test]
+fn host_runs_in_the_goal_project_dir_and_relative_paths_resolve_from_the_caller() {
+    let p = Project::new();
+    let work = p.file("work");
+    std::fs::create_dir(&work).unwrap();
+    p.ok(&[
+        "goal",
+        "create",
+        "--title",
+        "Elsewhere",
+        "--id",
+        "g2",
+        "--project",
+        work.to_str().unwrap(),
+    ]);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g2",
+        "--id",
+        "w1",
+        "--title",
+        "work elsewhere",
+    ]);
+    p.script(
+        "host.sh",
+        &format!("pwd > where.txt\n{}", result_host("progress")),
+    );
+    let out = p.json(&[
+        "turn",
+        "run",
+        "--goal-id",
+        "g2",
+        "--agent-id",
+        "a1",
+        "--",
+        "./host.sh",
+    ]);
+    assert_eq!(out["turn"]["kind"], "validated_progress", "{out}");
+    let where_ = std::fs::read_to_string(work.join("where.txt")).unwrap();
+    assert!(where_.trim().ends_with("/work"), "{where_}");
+}

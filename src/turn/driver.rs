@@ -444,6 +444,17 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
     };
     let cwd = std::env::current_dir()
         .map_err(|e| LoopxError::internal("reading the working directory", e))?;
+    // A relative program path (`./host.sh`) means relative to where `loopx` was started, not to
+    // the goal's project directory the host runs in.
+    let absolutize = |argv: &[String]| -> Vec<String> {
+        let mut argv = argv.to_vec();
+        if argv[0].contains('/') && !argv[0].starts_with('/') {
+            argv[0] = cwd.join(&argv[0]).to_string_lossy().into_owned();
+        }
+        argv
+    };
+    let host_argv = absolutize(&req.host_argv);
+    let validate_argv = req.validate_argv.as_deref().map(absolutize);
     let project_root = kernel.paths().project.clone();
     let started_ms = now_ms();
     let start = kernel.write(|tx| {
@@ -520,8 +531,8 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
         let data = JournalData {
             schema_version: JOURNAL_SCHEMA.to_string(),
             request,
-            host_argv: req.host_argv.clone(),
-            validate_argv: req.validate_argv.clone(),
+            host_argv: host_argv.clone(),
+            validate_argv: validate_argv.clone(),
             timeout_ms: req.timeout_seconds * 1000,
             trust_host_completion: req.trust_host_completion,
             capability,
