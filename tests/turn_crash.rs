@@ -250,3 +250,51 @@ fn other_agents_do_not_recover_foreign_turns() {
     assert_eq!(out["turn"]["todo_id"], "t2", "t1 is still leased to a1");
     assert_eq!(p.journal(&key)["status"], "in_progress");
 }
+
+/// `kill -9` of loopx while the host runs: the host dies with it (PR_SET_PDEATHSIG), and the
+/// child the host started is killed by recovery, which settles the turn as host_failure without
+/// running anything again.
+#[test]
+fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
+    use std::time::{Duration, Instant};
+    let p = Project::new();
+    p.add_todo("t1");
+    let host = p.script(
+        "host.sh",
+        "cat >/dev/null\necho $$ > host.pid\nsleep 60 &\necho $! > child.pid\nsleep 60\n",
+    );
+    let mut child = p.spawn(&["turn", "run", "--goal-id", "g", "--agent-id", "a1", "--", &host]);
+    let pid_file = p.file("child.pid");
+    let t0 = Instant::now();
+    while !pid_file.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let read = |f: &str| -> i32 {
+        std::fs::read_to_string(p.file(f))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (host_pid, bg_pid) = (read("host.pid"), read("child.pid"));
+    let t1 = Instant::now();
+    while turn_support::alive(host_pid) && t1.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!turn_support::alive(host_pid), "host survived loopx");
+    assert!(turn_support::alive(bg_pid), "precondition: the host's child is orphaned");
+    assert_eq!(p.todo_status("t1"), "claimed", "lease kept until recovery");
+    let turns = recover(&p);
+    assert_eq!(turns.len(), 1);
+    assert_eq!(turns[0]["kind"], "host_failure");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!turn_support::alive(bg_pid), "recovery kills what the turn left running");
+    let j = p.journal(turns[0]["turn_key"].as_str().unwrap());
+    let killed = j["data"]["orphans_killed"].as_array().unwrap();
+    assert!(killed.contains(&serde_json::json!(bg_pid)), "{killed:?}");
+    assert_eq!(p.todo_status("t1"), "open");
+    assert!(p.spends().is_empty());
+}

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::capability::{BUILTIN, builtin_proposals, capability_payload, wasm_proposals};
-use super::host::{ProcessOutcome, ProcessSpec, run_process};
+use super::host::{ProcessOutcome, ProcessSpec, kill_turn_processes, run_process};
 use super::result::{
     HostResult, HostStatus, MAX_STDERR_TAIL, MAX_STDOUT, REQUEST_SCHEMA, parse_result,
     result_schema_hint,
@@ -160,6 +160,9 @@ pub struct JournalData {
     pub run_id: Option<String>,
     /// Set when a process other than the original driver finished the turn.
     pub recovered: bool,
+    /// Processes of this turn that recovery found still running and killed.
+    #[serde(default)]
+    pub orphans_killed: Vec<i32>,
     pub driver_pid: u32,
     pub started_at: i64,
     pub settled_at: Option<i64>,
@@ -552,6 +555,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
             failure: None,
             run_id: None,
             recovered: false,
+            orphans_killed: Vec::new(),
             driver_pid: std::process::id(),
             started_at: started_ms,
             settled_at: None,
@@ -635,6 +639,11 @@ fn recover_one(kernel: &mut Kernel, turn_key: &str) -> Result<Option<TurnOutcome
     let mut data = journal_data(&rec)?;
     if rec.status == JournalStatus::InProgress.as_str() {
         data.recovered = true;
+        // Whatever the dead driver's host left running is killed before the turn is settled.
+        let killed = kill_turn_processes(turn_key);
+        if !killed.is_empty() {
+            data.orphans_killed = killed;
+        }
         let warnings = advance(kernel, &mut rec, &mut data, false)?;
         let mut o = TurnOutcome::from_journal(&rec, &data);
         o.warnings = warnings;

@@ -354,3 +354,41 @@ pub fn run_process(spec: &ProcessSpec) -> ProcessOutcome {
     out.elapsed_ms = started.elapsed().as_millis() as u64;
     out
 }
+
+/// Kills every process of this user that carries `LOOPX_TURN_KEY=<turn_key>` in its environment:
+/// what is left of a turn whose driver died (the host itself dies with the driver through
+/// `PR_SET_PDEATHSIG`, but children it started would otherwise run on). Returns the pids killed.
+/// Linux only (reads `/proc`); elsewhere it finds nothing.
+pub fn kill_turn_processes(turn_key: &str) -> Vec<i32> {
+    let needle = format!("LOOPX_TURN_KEY={turn_key}");
+    let me = std::process::id() as i32;
+    let mut killed = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return killed;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ
+            .split(|b| *b == 0)
+            .any(|var| var == needle.as_bytes())
+        {
+            // SAFETY: plain syscall on a pid we just identified.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                killed.push(pid);
+            }
+        }
+    }
+    killed
+}
