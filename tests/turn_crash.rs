@@ -263,7 +263,16 @@ fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
         "host.sh",
         "cat >/dev/null\necho $$ > host.pid\nsleep 60 &\necho $! > child.pid\nsleep 60\n",
     );
-    let mut child = p.spawn(&["turn", "run", "--goal-id", "g", "--agent-id", "a1", "--", &host]);
+    let mut child = p.spawn(&[
+        "turn",
+        "run",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--",
+        &host,
+    ]);
     let pid_file = p.file("child.pid");
     let t0 = Instant::now();
     while !pid_file.exists() && t0.elapsed() < Duration::from_secs(10) {
@@ -285,13 +294,19 @@ fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!turn_support::alive(host_pid), "host survived loopx");
-    assert!(turn_support::alive(bg_pid), "precondition: the host's child is orphaned");
+    assert!(
+        turn_support::alive(bg_pid),
+        "precondition: the host's child is orphaned"
+    );
     assert_eq!(p.todo_status("t1"), "claimed", "lease kept until recovery");
     let turns = recover(&p);
     assert_eq!(turns.len(), 1);
     assert_eq!(turns[0]["kind"], "host_failure");
     std::thread::sleep(Duration::from_millis(200));
-    assert!(!turn_support::alive(bg_pid), "recovery kills what the turn left running");
+    assert!(
+        !turn_support::alive(bg_pid),
+        "recovery kills what the turn left running"
+    );
     let j = p.journal(turns[0]["turn_key"].as_str().unwrap());
     let killed = j["data"]["orphans_killed"].as_array().unwrap();
     assert!(killed.contains(&serde_json::json!(bg_pid)), "{killed:?}");
