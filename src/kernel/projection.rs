@@ -78,29 +78,64 @@ fn pretty(value: &Value) -> Vec<u8> {
     bytes
 }
 
+/// The wire shape of a todo in projections and CLI output. Serialized directly (no intermediate
+/// `Value` tree), because `refresh-state` renders every todo of the goal on each tick.
+#[derive(serde::Serialize)]
+pub struct TodoView<'a> {
+    id: &'a str,
+    role: super::model::Role,
+    kind: super::model::TodoKind,
+    title: &'a str,
+    detail: &'a str,
+    priority: super::model::Priority,
+    status: super::model::TodoStatus,
+    depends_on: &'a [String],
+    capability: Option<&'a str>,
+    lane: Option<&'a str>,
+    gate_scope: Option<&'a super::model::GateScope>,
+    claim: Option<ClaimView<'a>>,
+    status_reason: Option<&'a str>,
+    created_at: String,
+    updated_at: String,
+}
+
+#[derive(serde::Serialize)]
+struct ClaimView<'a> {
+    agent_id: &'a str,
+    fence: i64,
+    expires_at: String,
+    live: bool,
+}
+
+impl<'a> TodoView<'a> {
+    pub fn new(todo: &'a Todo, now: i64) -> TodoView<'a> {
+        TodoView {
+            id: &todo.id,
+            role: todo.role,
+            kind: todo.kind,
+            title: &todo.title,
+            detail: &todo.detail,
+            priority: todo.priority,
+            status: todo.status,
+            depends_on: &todo.depends_on,
+            capability: todo.capability.as_deref(),
+            lane: todo.lane.as_deref(),
+            gate_scope: todo.gate_scope.as_ref(),
+            claim: todo.claim.as_ref().map(|c| ClaimView {
+                agent_id: &c.agent_id,
+                fence: c.fence,
+                expires_at: rfc3339(c.expires_at),
+                live: c.is_live(now),
+            }),
+            status_reason: todo.status_reason.as_deref(),
+            created_at: rfc3339(todo.created_at),
+            updated_at: rfc3339(todo.updated_at),
+        }
+    }
+}
+
 pub fn todo_json(todo: &Todo, now: i64) -> Value {
-    json!({
-        "id": todo.id,
-        "role": todo.role,
-        "kind": todo.kind,
-        "title": todo.title,
-        "detail": todo.detail,
-        "priority": todo.priority,
-        "status": todo.status,
-        "depends_on": todo.depends_on,
-        "capability": todo.capability,
-        "lane": todo.lane,
-        "gate_scope": todo.gate_scope,
-        "claim": todo.claim.as_ref().map(|c| json!({
-            "agent_id": c.agent_id,
-            "fence": c.fence,
-            "expires_at": rfc3339(c.expires_at),
-            "live": c.is_live(now),
-        })),
-        "status_reason": todo.status_reason,
-        "created_at": rfc3339(todo.created_at),
-        "updated_at": rfc3339(todo.updated_at),
-    })
+    serde_json::to_value(TodoView::new(todo, now)).expect("todo views serialize")
 }
 
 pub fn goal_json(goal: &Goal) -> Value {
@@ -217,15 +252,26 @@ impl Kernel {
             ))
         })?;
         let quota = quota::QuotaView::new(&policy, spent, None);
-        let value = json!({
-            "schema_version": STATE_SCHEMA,
-            "generated_at": rfc3339(now),
-            "goal": goal_json(&goal),
-            "todos": todos.iter().map(|t| todo_json(t, now)).collect::<Vec<_>>(),
-            "recent_evidence": evidence.iter().map(evidence_json).collect::<Vec<_>>(),
-            "quota": quota.to_json(),
-        });
-        write_atomic(&json_path, &pretty(&value))?;
+        #[derive(serde::Serialize)]
+        struct StateProjection<'a> {
+            schema_version: &'static str,
+            generated_at: String,
+            goal: Value,
+            todos: Vec<TodoView<'a>>,
+            recent_evidence: Vec<Value>,
+            quota: Value,
+        }
+        let projection = StateProjection {
+            schema_version: STATE_SCHEMA,
+            generated_at: rfc3339(now),
+            goal: goal_json(&goal),
+            todos: todos.iter().map(|t| TodoView::new(t, now)).collect(),
+            recent_evidence: evidence.iter().map(evidence_json).collect(),
+            quota: quota.to_json(),
+        };
+        let mut bytes = serde_json::to_vec_pretty(&projection).expect("projections serialize");
+        bytes.push(b'\n');
+        write_atomic(&json_path, &bytes)?;
         write_atomic(
             &self.paths().goal_state_md(goal_id),
             state_markdown(&goal, &todos, &evidence, &quota, now).as_bytes(),
