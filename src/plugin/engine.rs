@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use wasmtime::{Config, Engine};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 /// Milliseconds per epoch tick. Deadlines are rounded up to whole ticks (plus one).
 pub const TICK_MS: u64 = 10;
@@ -19,12 +19,46 @@ pub const MAX_WASM_STACK: usize = 256 * 1024;
 static ENGINE: OnceLock<Engine> = OnceLock::new();
 
 /// The process-wide engine, created (with its ticker thread) on first use.
+///
+/// It uses wasmtime's pooling instance allocator (memories, tables and instances pre-reserved and
+/// reused, so a fresh instance per call costs microseconds instead of fresh `mmap`s), falling back
+/// to on-demand allocation when the pool's virtual-address reservation is refused (e.g. under a
+/// `ulimit -v`) or when `LOOPX_WASM_POOLING=0`.
 pub fn engine() -> &'static Engine {
     ENGINE.get_or_init(|| {
-        let engine = Engine::new(&config()).expect("the LoopX wasmtime configuration is valid");
+        let pooled = std::env::var("LOOPX_WASM_POOLING")
+            .map(|v| v != "0")
+            .unwrap_or(true);
+        let engine = pooled
+            .then(|| {
+                let mut c = config();
+                c.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling()));
+                Engine::new(&c).ok()
+            })
+            .flatten()
+            .unwrap_or_else(|| {
+                Engine::new(&config()).expect("the LoopX wasmtime configuration is valid")
+            });
         start_ticker(&engine);
         engine
     })
+}
+
+/// Pool sizes: enough for a capability call plus the nested provider calls it makes, and for a
+/// few threads calling at once; each slot is only virtual address space until used.
+fn pooling() -> PoolingAllocationConfig {
+    let mut p = PoolingAllocationConfig::new();
+    p.total_component_instances(64)
+        .total_core_instances(512)
+        .total_memories(128)
+        .total_tables(512)
+        .total_gc_heaps(0)
+        .max_core_instances_per_component(64)
+        .max_memories_per_component(8)
+        .max_tables_per_component(64)
+        .table_elements(100_000)
+        .max_memory_size((super::manifest::max::MEMORY_MIB << 20) as usize);
+    p
 }
 
 /// The engine configuration. Kept in one function because the precompiled cache is only valid for

@@ -36,7 +36,7 @@ pub struct InvokeOutcome {
 pub struct InvokeError {
     pub error: LoopxError,
     pub plugin_kind: Option<&'static str>,
-    pub call: Option<CallReport>,
+    pub call: Option<Box<CallReport>>,
 }
 
 impl From<LoopxError> for InvokeError {
@@ -96,7 +96,7 @@ pub fn invoke_capability(
             return Err(InvokeError {
                 plugin_kind: Some(e.kind()),
                 error: e.into(),
-                call: Some(call),
+                call: Some(Box::new(call)),
             });
         }
     };
@@ -111,7 +111,7 @@ pub fn invoke_capability(
         .map_err(|error| InvokeError {
             error,
             plugin_kind: None,
-            call: Some(call.clone()),
+            call: Some(Box::new(call.clone())),
         })?;
     Ok(InvokeOutcome {
         capability: name.to_string(),
@@ -138,7 +138,7 @@ pub fn call_provider(
         Err(e) => Err(InvokeError {
             plugin_kind: Some(e.kind()),
             error: e.into(),
-            call: Some(call),
+            call: Some(Box::new(call)),
         }),
     }
 }

@@ -388,7 +388,7 @@ impl Manifest {
     /// Parses and validates manifest text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> PluginResult<Manifest> {
         let m: Manifest = toml::from_str(text)
-            .map_err(|e| PluginError::manifest(origin, format!("{}", e.message())))?;
+            .map_err(|e| PluginError::manifest(origin, e.message().to_string()))?;
         m.validate()?;
         Ok(m)
     }

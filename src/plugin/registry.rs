@@ -67,6 +67,15 @@ pub struct InstallReport {
     pub components: Vec<InstalledComponent>,
 }
 
+/// An extension validated, compiled and audited by [`PluginHost::prepare`], not yet recorded.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub manifest: Manifest,
+    pub grants: Vec<Grant>,
+    /// Each component's report and its bytes.
+    pub components: Vec<(InstalledComponent, Vec<u8>)>,
+}
+
 /// Whether an install may replace an existing extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InstallMode {
@@ -132,12 +141,7 @@ impl PluginHost {
 
     /// Validates, hashes, compiles and audits every component of the extension in `dir` without
     /// recording anything. Returns the manifest, the parsed grants and per-component bytes + report.
-    pub fn prepare(
-        &self,
-        dir: &Path,
-        grants: &[String],
-        cwd: &Path,
-    ) -> PluginResult<(Manifest, Vec<Grant>, Vec<(InstalledComponent, Vec<u8>)>)> {
+    pub fn prepare(&self, dir: &Path, grants: &[String], cwd: &Path) -> PluginResult<Prepared> {
         let manifest = Manifest::load(dir)?;
         let mut parsed = Vec::new();
         for g in grants {
@@ -200,7 +204,11 @@ impl PluginHost {
                 wasm,
             ));
         }
-        Ok((manifest, parsed, out))
+        Ok(Prepared {
+            manifest,
+            grants: parsed,
+            components: out,
+        })
     }
 
     /// Installs (or upgrades) the extension in `dir` with the operator's `grants`.
@@ -239,7 +247,11 @@ impl PluginHost {
             }
             _ => grants.to_vec(),
         };
-        let (manifest, parsed, components) = self.prepare(dir, &grants, cwd)?;
+        let Prepared {
+            manifest,
+            grants: parsed,
+            components,
+        } = self.prepare(dir, &grants, cwd)?;
         let revisions = kernel.read(|tx| tx.extension_revisions(&manifest.id))?;
         let revision = revisions.iter().map(|r| r.revision).max().unwrap_or(0) + 1;
         let install_dir = self

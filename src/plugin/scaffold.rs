@@ -145,6 +145,9 @@ fn capability_lib(name: &str) -> String {
         r#"//! {name}: a LoopX capability. It reads the goal snapshot and the payload and returns typed
 //! transition proposals; the kernel admits or refuses each one.
 
+// The generated export glue for `propose` takes one argument per flattened field.
+#![allow(clippy::too_many_arguments)]
+
 wit_bindgen::generate!({{ world: "capability", path: "wit" }});
 
 use loopx::plugin::host::log;

@@ -159,6 +159,8 @@ impl Project {
 /// Writes an extension directory under `parent` whose single component is `component` (absolute
 /// path to a built guest). `extra` is appended to the `[[provides]]` table (e.g. `uses = [...]`),
 /// `limits` becomes `[provides.limits]`, `permissions` the top-level list.
+// One positional argument per manifest field keeps the call sites readable as a manifest.
+#[allow(clippy::too_many_arguments)]
 pub fn extension(
     parent: &Path,
     id: &str,

@@ -3,6 +3,9 @@
 //! Its payload is a list of commands, one per line; each either misbehaves (to prove a sandbox
 //! limit holds) or emits one transition (to prove kernel admission refuses what it must).
 
+// The generated export glue for `propose` takes one argument per flattened field.
+#![allow(clippy::too_many_arguments)]
+
 wit_bindgen::generate!({ world: "capability", path: "../../../wit" });
 
 use loopx::plugin::host::{call_provider, log};
