@@ -118,13 +118,13 @@ fn render_text(blocks: &[Block]) -> String {
                 let mut widths: Vec<usize> = headers.iter().map(String::len).collect();
                 for row in rows {
                     for (w, cell) in widths.iter_mut().zip(row) {
-                        *w = (*w).max(cell.chars().count());
+                        *w = (*w).max(one_line(cell).chars().count());
                     }
                 }
                 let line = |cells: &[String]| {
                     let mut s = String::from(" ");
                     for (cell, w) in cells.iter().zip(&widths) {
-                        s.push_str(&format!(" {cell:<w$}"));
+                        s.push_str(&format!(" {:<w$}", one_line(cell)));
                     }
                     s.trim_end().to_string() + "\n"
                 };
@@ -145,6 +145,14 @@ fn render_text(blocks: &[Block]) -> String {
         }
     }
     out
+}
+
+/// A table cell on one line: multi-line values (evidence, plugin output) would break the columns.
+fn one_line(s: &str) -> String {
+    s.split('\n')
+        .map(str::trim_end)
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 fn md_cell(s: &str) -> String {
