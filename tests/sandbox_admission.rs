@@ -175,6 +175,11 @@ fn issue_fix_plans_failing_tests_across_lanes_with_evidence() {
     assert_eq!(out.admission.refused, 0, "{:?}", out.admission.verdicts);
     assert_eq!(out.call.provider_calls.len(), 1);
     assert_eq!(out.call.provider_calls[0].outcome, "ok");
+    assert!(
+        out.call.logs.iter().any(|l| l.plugin == "fs-observe/fs"),
+        "the provider's log lines belong to the capability call: {:?}",
+        out.call.logs
+    );
     let todos = p.kernel.todos("g1").unwrap();
     let lane = |l: &str| {
         todos

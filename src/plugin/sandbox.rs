@@ -145,7 +145,8 @@ impl Broker {
             self.calls.push(record("unavailable", msg.clone()));
             return Err(wit::PluginError::Unavailable(msg));
         };
-        let (result, _) = provider.run_observe(&request, logs);
+        // Nested call: its log lines stay in the capability's buffer (`drain = false`).
+        let (result, _) = provider.run_observe(&request, logs, false);
         match result {
             Ok(obs) => {
                 self.calls.push(record("ok", obs.summary.clone()));
@@ -384,6 +385,7 @@ impl LoadedPlugin {
         started: Instant,
         logs: &LogBuffer,
         report: &mut CallReport,
+        drain: bool,
     ) {
         report.plugin = self.label.clone();
         report.elapsed_us = started.elapsed().as_micros() as u64;
@@ -391,7 +393,9 @@ impl LoadedPlugin {
             .get_fuel()
             .ok()
             .map(|left| self.limits.fuel.saturating_sub(left));
-        report.logs = logs.take();
+        if drain {
+            report.logs = logs.take();
+        }
     }
 
     /// Calls `describe`.
@@ -414,7 +418,7 @@ impl LoadedPlugin {
         let result = result
             .map(bindings::info_from_wit)
             .map_err(|e| classify(&self.label, &self.call_limits(), e));
-        self.finish(&store, started, &logs, &mut report);
+        self.finish(&store, started, &logs, &mut report, true);
         (result, report)
     }
 
@@ -466,7 +470,7 @@ impl LoadedPlugin {
         let raw = pre
             .instantiate(&mut store)
             .and_then(|i| i.call_propose(&mut store, &wit_input));
-        self.finish(&store, started, &logs, &mut report);
+        self.finish(&store, started, &logs, &mut report, true);
         let broker = store.data_mut().broker.take();
         if let Some(b) = &broker {
             report.provider_calls = b.calls.clone();
@@ -526,13 +530,14 @@ impl LoadedPlugin {
     /// Calls a provider's `observe` with a fresh log buffer.
     pub fn observe(&self, request: &ObserveRequest) -> (PluginResult<Observation>, CallReport) {
         let logs = LogBuffer::new(self.limits.log_bytes);
-        self.run_observe(request, &logs)
+        self.run_observe(request, &logs, true)
     }
 
     fn run_observe(
         &self,
         request: &ObserveRequest,
         logs: &LogBuffer,
+        drain: bool,
     ) -> (PluginResult<Observation>, CallReport) {
         let mut report = CallReport {
             plugin: self.label.clone(),
@@ -568,7 +573,7 @@ impl LoadedPlugin {
         let raw = pre
             .instantiate(&mut store)
             .and_then(|i| i.call_observe(&mut store, &wit_req));
-        self.finish(&store, started, logs, &mut report);
+        self.finish(&store, started, logs, &mut report, drain);
         let result = match raw {
             Err(e) => Err(classify(&self.label, &self.call_limits(), e)),
             Ok(Err(e)) => Err(PluginError::GuestError {
