@@ -223,3 +223,27 @@ impl OutputStream for CapturedStream {
         Ok(64 * 1024)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_escapes_and_controls() {
+        assert_eq!(sanitize("\u{1b}[31mred\u{1b}[0m ok"), "red ok");
+        assert_eq!(sanitize("a\u{1b}]0;title\u{7}b"), "ab");
+        assert_eq!(sanitize("bell\u{7} cr\r tab\t"), "bell cr tab\t");
+        assert_eq!(sanitize_multiline("one\ntwo\u{1b}[2J"), "one\ntwo");
+    }
+
+    #[test]
+    fn caps_bytes_and_notes_the_drop() {
+        let buf = LogBuffer::new(10);
+        buf.line("p", "info", "12345");
+        buf.line("p", "info", "67890");
+        buf.line("p", "info", "dropped");
+        let lines = buf.take();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[2].text.contains("7 bytes dropped"));
+    }
+}
