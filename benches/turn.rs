@@ -13,6 +13,8 @@
 //!
 //! Run with `cargo bench --bench turn` (release profile). Medians over ROUNDS turns.
 
+use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -98,6 +100,22 @@ fn loopx(dir: &Path, args: &[&str]) -> Duration {
     took
 }
 
+/// Median of a 4 KiB write + fsync on the disk holding `dir` (the cost of one durable commit).
+fn fsync_floor(dir: &Path) -> Duration {
+    let path = dir.join("fsync-probe");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let xs = (0..ROUNDS)
+        .map(|_| {
+            f.write_all(&[7u8; 4096]).unwrap();
+            let s = Instant::now();
+            f.sync_all().unwrap();
+            s.elapsed()
+        })
+        .collect();
+    let _ = std::fs::remove_file(&path);
+    median(xs)
+}
+
 fn main() {
     // 1. The driver in-process.
     let dir = tempfile::tempdir().unwrap();
@@ -106,11 +124,22 @@ fn main() {
     req.trust_host_completion = true;
     req.timeout_seconds = 30;
     let mut lib = Vec::new();
+    let mut steps: BTreeMap<String, Vec<Duration>> = BTreeMap::new();
+    let mut work = Vec::new();
     for _ in 0..ROUNDS {
         let s = Instant::now();
         let o = run_turn(&mut k, &req).unwrap();
-        lib.push(s.elapsed());
+        let took = s.elapsed();
+        lib.push(took);
         assert_eq!(o.kind, Some(TurnResultKind::ValidatedCompletion), "{o:?}");
+        let rec = loopx::turn::inspect(&mut k, o.turn_key.as_deref().unwrap()).unwrap();
+        let mut sum = Duration::ZERO;
+        for (step, us) in rec.data["timings_us"].as_object().unwrap() {
+            let d = Duration::from_micros(us.as_u64().unwrap());
+            sum += d;
+            steps.entry(step.clone()).or_default().push(d);
+        }
+        work.push(sum);
     }
     // 2. The host alone.
     let host: Vec<Duration> = (0..ROUNDS)
@@ -222,7 +251,13 @@ fn main() {
         );
         manual.push(s.elapsed());
     }
-    let (lib_m, host_m) = (median(lib), median(host));
+    let fsync = fsync_floor(dir.path());
+    let (lib_m, host_m) = (median(lib.clone()), median(host));
+    let commits: Vec<Duration> = lib
+        .iter()
+        .zip(&work)
+        .map(|(t, w)| t.saturating_sub(*w))
+        .collect();
     println!("turn driver, {TODOS} todos, {ROUNDS} turns each, medians (release build)");
     println!("  driver (library run_turn, 6 phases)  {}", ms(lib_m));
     println!("  host alone (/bin/echo spawn)         {}", ms(host_m));
@@ -230,6 +265,15 @@ fn main() {
         "  driver overhead (difference)         {}   target < 15 ms",
         ms(lib_m.saturating_sub(host_m))
     );
+    println!(
+        "  of which 7 commits (start + 6 phases) {}   fsync floor on this disk {} each",
+        ms(median(commits)),
+        ms(fsync)
+    );
+    println!("  per step before its commit (work + transaction body):");
+    for (step, xs) in steps {
+        println!("    {step:<20} {}", ms(median(xs)));
+    }
     println!("  `loopx turn run` process             {}", ms(median(cli)));
     println!(
         "  5 separate CLI commands              {}   (should-run, claim, complete, refresh-state, spend-slot)",

@@ -163,6 +163,10 @@ pub struct JournalData {
     /// Processes of this turn that recovery found still running and killed.
     #[serde(default)]
     pub orphans_killed: Vec<i32>,
+    /// Microseconds each step spent before its commit (work and transaction body; the commit's
+    /// own fsync is not included): `start` (decide + claim), then one entry per phase.
+    #[serde(default)]
+    pub timings_us: std::collections::BTreeMap<String, u64>,
     pub driver_pid: u32,
     pub started_at: i64,
     pub settled_at: Option<i64>,
@@ -460,6 +464,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
     let validate_argv = req.validate_argv.as_deref().map(absolutize);
     let project_root = kernel.paths().project.clone();
     let started_ms = now_ms();
+    let start_clock = Instant::now();
     let start = kernel.write(|tx| {
         let now = now_ms();
         let d = decide_in_tx(tx, &req.goal_id, &req.agent_id, now)?;
@@ -556,10 +561,16 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
             run_id: None,
             recovered: false,
             orphans_killed: Vec::new(),
+            timings_us: std::collections::BTreeMap::new(),
             driver_pid: std::process::id(),
             started_at: started_ms,
             settled_at: None,
         };
+        let mut data = data;
+        data.timings_us.insert(
+            "start".to_string(),
+            start_clock.elapsed().as_micros() as u64,
+        );
         let rec = TurnRecord {
             turn_key: turn_key.clone(),
             goal_id: req.goal_id.clone(),
@@ -682,6 +693,7 @@ fn commit_phase(
     rec: &mut TurnRecord,
     data: &mut JournalData,
     phase: Phase,
+    started: Instant,
     effects: impl FnOnce(&dyn StoreTx, &mut JournalData, i64) -> Result<()>,
 ) -> Result<()> {
     let mut next_rec = rec.clone();
@@ -706,6 +718,10 @@ fn commit_phase(
             next_rec.status = kind.journal_status().as_str().to_string();
             next.settled_at = Some(now);
         }
+        next.timings_us.insert(
+            phase.as_str().to_string(),
+            started.elapsed().as_micros() as u64,
+        );
         next_rec.data = serde_json::to_value(&next).expect("journal data serializes");
         next_rec.updated_at = now;
         tx.upsert_turn(&next_rec)
@@ -809,6 +825,7 @@ fn advance(
 ) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
     while rec.status == JournalStatus::InProgress.as_str() {
+        let started = Instant::now();
         match next_phase(rec, data) {
             Phase::HostExecute if !can_run_host => {
                 fail(
@@ -819,7 +836,7 @@ fn advance(
                      the host is not run again and the lease is released"
                         .to_string(),
                 );
-                closeout(kernel, rec, data, &mut warnings)?;
+                closeout(kernel, rec, data, started, &mut warnings)?;
             }
             Phase::HostExecute => {
                 let spec = ProcessSpec {
@@ -832,7 +849,7 @@ fn advance(
                     stderr_cap: MAX_STDERR_TAIL,
                 };
                 let outcome = run_process(&spec);
-                commit_phase(kernel, rec, data, Phase::HostExecute, |_, d, _| {
+                commit_phase(kernel, rec, data, Phase::HostExecute, started, |_, d, _| {
                     d.host = Some(outcome);
                     Ok(())
                 })?;
@@ -840,7 +857,7 @@ fn advance(
             Phase::TypedResult => {
                 let host = data.host.clone().unwrap_or_default();
                 let key = rec.turn_key.clone();
-                commit_phase(kernel, rec, data, Phase::TypedResult, |_, d, _| {
+                commit_phase(kernel, rec, data, Phase::TypedResult, started, |_, d, _| {
                     if !host.exited_ok() {
                         let why = match parse_result(&host, &key) {
                             Ok(_) => format!("host {}", host.describe()),
@@ -866,7 +883,7 @@ fn advance(
             }
             Phase::Validation => {
                 let record = validate(rec, data);
-                commit_phase(kernel, rec, data, Phase::Validation, |_, d, _| {
+                commit_phase(kernel, rec, data, Phase::Validation, started, |_, d, _| {
                     if !record.passed {
                         fail(
                             d,
@@ -879,7 +896,7 @@ fn advance(
                     Ok(())
                 })?;
             }
-            Phase::DurableWriteback => writeback(kernel, rec, data, &mut warnings)?,
+            Phase::DurableWriteback => writeback(kernel, rec, data, started, &mut warnings)?,
             Phase::QuotaSpend => {
                 let req = SpendRequest {
                     goal_id: rec.goal_id.clone(),
@@ -888,29 +905,36 @@ fn advance(
                     effect_id: Some(format!("turn:{}", rec.turn_key)),
                 };
                 let actor = turn_actor(rec, None);
-                commit_phase(kernel, rec, data, Phase::QuotaSpend, |tx, d, now| {
-                    match spend_in_tx(tx, &actor, &req, now) {
-                        Ok(receipt) => {
-                            d.spend = Some(SpendRecord {
-                                effect_id: receipt.entry.effect_id,
-                                slots: receipt.entry.slots,
-                                idempotent_replay: receipt.idempotent_replay,
-                            })
+                commit_phase(
+                    kernel,
+                    rec,
+                    data,
+                    Phase::QuotaSpend,
+                    started,
+                    |tx, d, now| {
+                        match spend_in_tx(tx, &actor, &req, now) {
+                            Ok(receipt) => {
+                                d.spend = Some(SpendRecord {
+                                    effect_id: receipt.entry.effect_id,
+                                    slots: receipt.entry.slots,
+                                    idempotent_replay: receipt.idempotent_replay,
+                                })
+                            }
+                            Err(e @ (LoopxError::Internal { .. } | LoopxError::Corrupt { .. })) => {
+                                return Err(e);
+                            }
+                            Err(e) => fail(
+                                d,
+                                TurnResultKind::QuotaSpendFailed,
+                                Phase::QuotaSpend,
+                                e.to_string(),
+                            ),
                         }
-                        Err(e @ (LoopxError::Internal { .. } | LoopxError::Corrupt { .. })) => {
-                            return Err(e);
-                        }
-                        Err(e) => fail(
-                            d,
-                            TurnResultKind::QuotaSpendFailed,
-                            Phase::QuotaSpend,
-                            e.to_string(),
-                        ),
-                    }
-                    Ok(())
-                })?;
+                        Ok(())
+                    },
+                )?;
             }
-            Phase::TerminalCloseout => closeout(kernel, rec, data, &mut warnings)?,
+            Phase::TerminalCloseout => closeout(kernel, rec, data, started, &mut warnings)?,
         }
     }
     Ok(warnings)
@@ -980,6 +1004,7 @@ fn writeback(
     kernel: &mut Kernel,
     rec: &mut TurnRecord,
     data: &mut JournalData,
+    started: Instant,
     warnings: &mut Vec<String>,
 ) -> Result<()> {
     let result = data
@@ -1019,67 +1044,76 @@ fn writeback(
     let actor = turn_actor(rec, None);
     let rec_snapshot = rec.clone();
     let mut run_written: Option<Run> = None;
-    commit_phase(kernel, rec, data, Phase::DurableWriteback, |tx, d, now| {
-        let mut wb = WritebackRecord {
-            capability: d.capability.clone(),
-            proposals: proposals.clone(),
-            verdicts: Vec::new(),
-            accepted: 0,
-            refused: 0,
-            error: cap_error.clone(),
-            todo_status_after: None,
-            call,
-        };
-        if let Some(e) = &cap_error {
-            fail(
-                d,
-                TurnResultKind::WritebackFailed,
-                Phase::DurableWriteback,
-                e.clone(),
-            );
-            d.writeback = Some(wb);
-            return Ok(());
-        }
-        let report = admit_in_tx(tx, &source, &proposals, false, now)?;
-        let after = tx.todo(&rec_snapshot.goal_id, &todo_id)?.map(|t| t.status);
-        wb.verdicts = report.verdicts.clone();
-        wb.accepted = report.accepted;
-        wb.refused = report.refused;
-        wb.todo_status_after = after;
-        d.writeback = Some(wb);
-        let kind = if !proposals.is_empty() && report.accepted == 0 {
-            let first = report
-                .verdicts
-                .first()
-                .map(|v| format!("{}: {}", v.transition, v.reason))
-                .unwrap_or_default();
-            fail(
-                d,
-                TurnResultKind::WritebackFailed,
-                Phase::DurableWriteback,
-                format!("every proposal was refused (first: {first})"),
-            );
-            TurnResultKind::WritebackFailed
-        } else {
-            let k = match result.status {
-                HostStatus::Completed if after == Some(TodoStatus::Completed) => {
-                    TurnResultKind::ValidatedCompletion
-                }
-                HostStatus::Progress | HostStatus::Completed => TurnResultKind::ValidatedProgress,
-                HostStatus::RepairRequired => TurnResultKind::RepairRequired,
-                HostStatus::ReplanRequired => TurnResultKind::ReplanRequired,
-                HostStatus::UserActionRequired => TurnResultKind::UserActionRequired,
-                HostStatus::Wait => TurnResultKind::Wait,
+    commit_phase(
+        kernel,
+        rec,
+        data,
+        Phase::DurableWriteback,
+        started,
+        |tx, d, now| {
+            let mut wb = WritebackRecord {
+                capability: d.capability.clone(),
+                proposals: proposals.clone(),
+                verdicts: Vec::new(),
+                accepted: 0,
+                refused: 0,
+                error: cap_error.clone(),
+                todo_status_after: None,
+                call,
             };
-            d.kind = Some(k);
-            k
-        };
-        let run = make_run(&rec_snapshot, d, kind, now);
-        record_run_in_tx(tx, &actor, &run)?;
-        d.run_id = Some(run.id.clone());
-        run_written = Some(run);
-        Ok(())
-    })?;
+            if let Some(e) = &cap_error {
+                fail(
+                    d,
+                    TurnResultKind::WritebackFailed,
+                    Phase::DurableWriteback,
+                    e.clone(),
+                );
+                d.writeback = Some(wb);
+                return Ok(());
+            }
+            let report = admit_in_tx(tx, &source, &proposals, false, now)?;
+            let after = tx.todo(&rec_snapshot.goal_id, &todo_id)?.map(|t| t.status);
+            wb.verdicts = report.verdicts.clone();
+            wb.accepted = report.accepted;
+            wb.refused = report.refused;
+            wb.todo_status_after = after;
+            d.writeback = Some(wb);
+            let kind = if !proposals.is_empty() && report.accepted == 0 {
+                let first = report
+                    .verdicts
+                    .first()
+                    .map(|v| format!("{}: {}", v.transition, v.reason))
+                    .unwrap_or_default();
+                fail(
+                    d,
+                    TurnResultKind::WritebackFailed,
+                    Phase::DurableWriteback,
+                    format!("every proposal was refused (first: {first})"),
+                );
+                TurnResultKind::WritebackFailed
+            } else {
+                let k = match result.status {
+                    HostStatus::Completed if after == Some(TodoStatus::Completed) => {
+                        TurnResultKind::ValidatedCompletion
+                    }
+                    HostStatus::Progress | HostStatus::Completed => {
+                        TurnResultKind::ValidatedProgress
+                    }
+                    HostStatus::RepairRequired => TurnResultKind::RepairRequired,
+                    HostStatus::ReplanRequired => TurnResultKind::ReplanRequired,
+                    HostStatus::UserActionRequired => TurnResultKind::UserActionRequired,
+                    HostStatus::Wait => TurnResultKind::Wait,
+                };
+                d.kind = Some(k);
+                k
+            };
+            let run = make_run(&rec_snapshot, d, kind, now);
+            record_run_in_tx(tx, &actor, &run)?;
+            d.run_id = Some(run.id.clone());
+            run_written = Some(run);
+            Ok(())
+        },
+    )?;
     if let Some(run) = run_written {
         write_report(kernel, &run, warnings);
     }
@@ -1092,55 +1126,63 @@ fn closeout(
     kernel: &mut Kernel,
     rec: &mut TurnRecord,
     data: &mut JournalData,
+    started: Instant,
     warnings: &mut Vec<String>,
 ) -> Result<()> {
     let snapshot = rec.clone();
     let actor = turn_actor(rec, Some(LeaseProof::Fence(data.claim.fence)));
     let mut run_written: Option<Run> = None;
-    commit_phase(kernel, rec, data, Phase::TerminalCloseout, |tx, d, now| {
-        let todo_id = snapshot.todo_id.clone().unwrap_or_default();
-        let lease = match tx.todo(&snapshot.goal_id, &todo_id)? {
-            None => "not_held: the todo no longer exists".to_string(),
-            Some(t) => match &t.claim {
-                None => "cleared".to_string(),
-                Some(c) if c.fence != d.claim.fence || c.agent_id != snapshot.agent_id => {
-                    format!("not_held: taken over by {} (fence {})", c.agent_id, c.fence)
-                }
-                Some(_) => match release_in_tx(tx, &actor, &snapshot.goal_id, &todo_id, now) {
-                    Ok(_) => "released".to_string(),
-                    Err(e @ (LoopxError::Internal { .. } | LoopxError::Corrupt { .. })) => {
-                        return Err(e);
+    commit_phase(
+        kernel,
+        rec,
+        data,
+        Phase::TerminalCloseout,
+        started,
+        |tx, d, now| {
+            let todo_id = snapshot.todo_id.clone().unwrap_or_default();
+            let lease = match tx.todo(&snapshot.goal_id, &todo_id)? {
+                None => "not_held: the todo no longer exists".to_string(),
+                Some(t) => match &t.claim {
+                    None => "cleared".to_string(),
+                    Some(c) if c.fence != d.claim.fence || c.agent_id != snapshot.agent_id => {
+                        format!("not_held: taken over by {} (fence {})", c.agent_id, c.fence)
                     }
-                    Err(e) => {
-                        fail(
-                            d,
-                            TurnResultKind::TerminalCloseoutFailed,
-                            Phase::TerminalCloseout,
-                            format!("the lease could not be released: {e}"),
-                        );
-                        format!("not_released: {e}")
-                    }
+                    Some(_) => match release_in_tx(tx, &actor, &snapshot.goal_id, &todo_id, now) {
+                        Ok(_) => "released".to_string(),
+                        Err(e @ (LoopxError::Internal { .. } | LoopxError::Corrupt { .. })) => {
+                            return Err(e);
+                        }
+                        Err(e) => {
+                            fail(
+                                d,
+                                TurnResultKind::TerminalCloseoutFailed,
+                                Phase::TerminalCloseout,
+                                format!("the lease could not be released: {e}"),
+                            );
+                            format!("not_released: {e}")
+                        }
+                    },
                 },
-            },
-        };
-        d.lease = Some(lease);
-        if d.kind.is_none() {
-            fail(
-                d,
-                TurnResultKind::TerminalCloseoutFailed,
-                Phase::TerminalCloseout,
-                "the turn reached closeout without a result kind".to_string(),
-            );
-        }
-        if d.run_id.is_none() {
-            let kind = d.kind.expect("set above");
-            let run = make_run(&snapshot, d, kind, now);
-            record_run_in_tx(tx, &turn_actor(&snapshot, None), &run)?;
-            d.run_id = Some(run.id.clone());
-            run_written = Some(run);
-        }
-        Ok(())
-    })?;
+            };
+            d.lease = Some(lease);
+            if d.kind.is_none() {
+                fail(
+                    d,
+                    TurnResultKind::TerminalCloseoutFailed,
+                    Phase::TerminalCloseout,
+                    "the turn reached closeout without a result kind".to_string(),
+                );
+            }
+            if d.run_id.is_none() {
+                let kind = d.kind.expect("set above");
+                let run = make_run(&snapshot, d, kind, now);
+                record_run_in_tx(tx, &turn_actor(&snapshot, None), &run)?;
+                d.run_id = Some(run.id.clone());
+                run_written = Some(run);
+            }
+            Ok(())
+        },
+    )?;
     if let Some(run) = run_written {
         write_report(kernel, &run, warnings);
     } else if let Some(run_id) = &data.run_id {
