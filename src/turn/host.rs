@@ -4,18 +4,17 @@
 //! The child becomes the leader of a new process group (`setpgid(0, 0)`) and asks the kernel to
 //! SIGKILL it if `loopx` dies (`PR_SET_PDEATHSIG`), so a `kill -9` of the driver does not leave a
 //! host working on a lease nobody watches. When the host exits, the whole group is killed before
-//! the exit is reaped (the waiter uses `waitid(.., WNOWAIT)`), so a child that outlives the host
+//! the exit is reaped (a pidfd, or `waitid(.., WNOWAIT)`, sees the exit), so a child that outlives the host
 //! (`(sleep 60; touch marker) &`) dies with it and the group id cannot have been reused. On
 //! timeout, or when `loopx` is asked to stop, the group gets SIGKILL (stop: SIGTERM first, then
 //! SIGKILL after a short grace).
 
 use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -128,34 +127,36 @@ impl ProcessOutcome {
     }
 }
 
-#[derive(Default)]
+/// Captured output of one pipe: the first `cap` bytes (stdout) or a tail of about `cap` bytes
+/// (stderr), and the total written. Always drained, so the writer never blocks on a full pipe.
 struct Capture {
     bytes: Vec<u8>,
     total: usize,
+    cap: usize,
+    keep_head: bool,
 }
 
-/// Reads `pipe` to the end. `keep_head`: keep the first `cap` bytes (stdout); otherwise keep a
-/// tail of about `cap` bytes (stderr). Always drains, so the writer never blocks on a full pipe.
-fn drain(mut pipe: impl Read, cap: usize, keep_head: bool, into: Arc<Mutex<Capture>>) {
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        let n = match pipe.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        };
-        let mut c = into.lock().expect("capture lock");
-        c.total += n;
-        if keep_head {
-            let room = cap.saturating_sub(c.bytes.len());
-            let take = room.min(n);
-            c.bytes.extend_from_slice(&buf[..take]);
+impl Capture {
+    fn new(cap: usize, keep_head: bool) -> Capture {
+        Capture {
+            bytes: Vec::new(),
+            total: 0,
+            cap,
+            keep_head,
+        }
+    }
+
+    fn push(&mut self, chunk: &[u8]) {
+        self.total += chunk.len();
+        if self.keep_head {
+            let room = self.cap.saturating_sub(self.bytes.len());
+            self.bytes
+                .extend_from_slice(&chunk[..room.min(chunk.len())]);
         } else {
-            c.bytes.extend_from_slice(&buf[..n]);
-            if c.bytes.len() > 2 * cap {
-                let cut = c.bytes.len() - cap;
-                c.bytes.drain(..cut);
+            self.bytes.extend_from_slice(chunk);
+            if self.bytes.len() > 2 * self.cap {
+                let cut = self.bytes.len() - self.cap;
+                self.bytes.drain(..cut);
             }
         }
     }
@@ -168,31 +169,66 @@ fn kill_group(pgid: i32, signal: i32) {
     }
 }
 
-/// Blocks until `pid` has exited, without reaping it (so its pid, which is also the process group
-/// id, cannot be reused before the group is killed).
-fn wait_exit_no_reap(pid: i32) {
-    loop {
-        // SAFETY: siginfo_t is plain data; waitid fills it.
-        let rc = unsafe {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if rc == 0 {
-            return;
+fn set_nonblocking(fd: RawFd) {
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
         }
-        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            return;
+    }
+}
+
+/// A descriptor that becomes readable when `pid` exits (Linux ≥ 5.3), or `None`.
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: the syscall returns a new descriptor we then own, or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd >= 0 {
+            // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+            return Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+        }
+    }
+    let _ = pid;
+    None
+}
+
+/// Whether `pid` has exited, without reaping it (its pid, which is also the process group id,
+/// cannot be reused before the group is killed).
+fn exited_no_reap(pid: i32) -> bool {
+    // SAFETY: siginfo_t is plain data; waitid fills it.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let rc = libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOWAIT | libc::WNOHANG,
+        );
+        rc == 0 && info.si_pid() != 0
+    }
+}
+
+/// Reads what is available; returns false at end of file (or on a hard error).
+fn read_some(pipe: &mut impl Read, into: &mut Capture) -> bool {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => return false,
+            Ok(n) => into.push(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+            Err(_) => return false,
         }
     }
 }
 
 /// Runs the process to completion (or until its budget ends) and reports what happened. Never
 /// fails: a process that cannot be started is an outcome with `spawn_error`.
+///
+/// One thread multiplexes everything with `poll(2)`: the stdin bytes going in, stdout and stderr
+/// coming out, and a pidfd that becomes readable when the host exits (without reaping it).
 pub fn run_process(spec: &ProcessSpec) -> ProcessOutcome {
     let started = Instant::now();
     let mut out = ProcessOutcome::default();
@@ -248,72 +284,152 @@ pub fn run_process(spec: &ProcessSpec) -> ProcessOutcome {
     };
     let pid = child.id() as i32;
     out.pid = Some(child.id());
+    let pidfd = pidfd_open(pid);
 
-    let stdout_cap = Arc::new(Mutex::new(Capture::default()));
-    let stderr_cap = Arc::new(Mutex::new(Capture::default()));
-    let (done_tx, done_rx) = mpsc::channel::<()>();
-    let mut readers = Vec::new();
-    if let Some(p) = child.stdout.take() {
-        let (c, cap, tx) = (stdout_cap.clone(), spec.stdout_cap + 1, done_tx.clone());
-        readers.push(std::thread::spawn(move || {
-            drain(p, cap, true, c);
-            let _ = tx.send(());
-        }));
+    let mut stdin = child.stdin.take();
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    for fd in [
+        stdin.as_ref().map(|p| p.as_raw_fd()),
+        stdout.as_ref().map(|p| p.as_raw_fd()),
+        stderr.as_ref().map(|p| p.as_raw_fd()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        set_nonblocking(fd);
     }
-    if let Some(p) = child.stderr.take() {
-        let (c, cap, tx) = (stderr_cap.clone(), spec.stderr_cap, done_tx.clone());
-        readers.push(std::thread::spawn(move || {
-            drain(p, cap, false, c);
-            let _ = tx.send(());
-        }));
+    let mut stdout_cap = Capture::new(spec.stdout_cap + 1, true);
+    let mut stderr_cap = Capture::new(spec.stderr_cap, false);
+    let mut stdin_off = 0usize;
+    if spec.stdin.is_empty() {
+        stdin = None;
     }
-    drop(done_tx);
-    if let Some(mut stdin) = child.stdin.take() {
-        let bytes = spec.stdin.clone();
-        std::thread::spawn(move || {
-            // The host may not read stdin at all; a broken pipe is not an error.
-            let _ = stdin.write_all(&bytes);
-        });
-    }
-    let (exit_tx, exit_rx) = mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        wait_exit_no_reap(pid);
-        let _ = exit_tx.send(());
-    });
 
     let deadline = started + spec.timeout;
     let mut term_sent: Option<Instant> = None;
+    // Set once the host has exited and its group was killed; pipes get a short grace after that.
+    let mut exited_at: Option<Instant> = None;
     loop {
         let now = Instant::now();
-        if now >= deadline {
-            out.timed_out = true;
-            kill_group(pid, libc::SIGKILL);
-            let _ = exit_rx.recv();
-            break;
-        }
-        if stop_requested() {
-            match term_sent {
-                None => {
-                    out.interrupted = true;
-                    kill_group(pid, libc::SIGTERM);
-                    term_sent = Some(now);
+        if exited_at.is_none() {
+            if now >= deadline {
+                out.timed_out = true;
+                kill_group(pid, libc::SIGKILL);
+            } else if stop_requested() {
+                match term_sent {
+                    None => {
+                        out.interrupted = true;
+                        kill_group(pid, libc::SIGTERM);
+                        term_sent = Some(now);
+                    }
+                    Some(t) if now.duration_since(t) > Duration::from_secs(2) => {
+                        kill_group(pid, libc::SIGKILL);
+                    }
+                    Some(_) => {}
                 }
-                Some(t) if now.duration_since(t) > Duration::from_secs(2) => {
-                    kill_group(pid, libc::SIGKILL);
-                    let _ = exit_rx.recv();
-                    break;
-                }
-                Some(_) => {}
             }
         }
-        let slice = (deadline - now).min(Duration::from_millis(50));
-        match exit_rx.recv_timeout(slice) {
-            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        if let Some(t) = exited_at
+            && (stdout.is_none() && stderr.is_none() || now.duration_since(t) > PIPE_GRACE)
+        {
+            break;
+        }
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(4);
+        let mut slots = [usize::MAX; 4];
+        let mut add = |fd: RawFd, events: libc::c_short, slot: usize| {
+            slots[slot] = fds.len();
+            fds.push(libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            });
+        };
+        if let Some(p) = &stdin {
+            add(p.as_raw_fd(), libc::POLLOUT, 0);
+        }
+        if let Some(p) = &stdout {
+            add(p.as_raw_fd(), libc::POLLIN, 1);
+        }
+        if let Some(p) = &stderr {
+            add(p.as_raw_fd(), libc::POLLIN, 2);
+        }
+        if exited_at.is_none()
+            && let Some(fd) = &pidfd
+        {
+            add(fd.as_raw_fd(), libc::POLLIN, 3);
+        }
+        // Without a pidfd, exit is noticed by polling waitid every few milliseconds.
+        let slice = if pidfd.is_some() {
+            Duration::from_millis(50)
+        } else {
+            Duration::from_millis(5)
+        };
+        let wait = if exited_at.is_some() {
+            PIPE_GRACE.min(slice)
+        } else {
+            deadline.saturating_duration_since(now).min(slice)
+        };
+        // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
+        let rc = unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                wait.as_millis().max(1) as libc::c_int,
+            )
+        };
+        if rc < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // Should not happen; fall back to a short sleep so the loop cannot spin.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let ready = |slot: usize| -> libc::c_short {
+            match slots[slot] {
+                usize::MAX => 0,
+                i => fds[i].revents,
+            }
+        };
+        if ready(0) != 0 {
+            let done = match stdin.as_mut() {
+                Some(p) => loop {
+                    match p.write(&spec.stdin[stdin_off..]) {
+                        Ok(n) => {
+                            stdin_off += n;
+                            if stdin_off >= spec.stdin.len() {
+                                break true;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+                        // The host does not read stdin (or closed it): not an error.
+                        Err(_) => break true,
+                    }
+                },
+                None => true,
+            };
+            if done {
+                stdin = None;
+            }
+        }
+        if ready(1) != 0
+            && let Some(p) = stdout.as_mut()
+            && !read_some(p, &mut stdout_cap)
+        {
+            stdout = None;
+        }
+        if ready(2) != 0
+            && let Some(p) = stderr.as_mut()
+            && !read_some(p, &mut stderr_cap)
+        {
+            stderr = None;
+        }
+        if exited_at.is_none() && (ready(3) != 0 || (pidfd.is_none() && exited_no_reap(pid))) {
+            // The host has exited (not yet reaped): kill whatever it left in its group.
+            kill_group(pid, libc::SIGKILL);
+            exited_at = Some(Instant::now());
+            stdin = None;
         }
     }
-    // The host has exited (not yet reaped): kill whatever it left in its group, then reap.
-    kill_group(pid, libc::SIGKILL);
+    drop(stdin);
     match child.wait() {
         Ok(status) => {
             out.exit_code = status.code();
@@ -321,39 +437,28 @@ pub fn run_process(spec: &ProcessSpec) -> ProcessOutcome {
         }
         Err(e) => out.spawn_error = Some(format!("waiting for {program}: {e}")),
     }
-    // Pipes close once every group member is gone; a process that escaped the group (setsid)
-    // and kept a pipe open is not waited for beyond a short grace.
-    let grace = Instant::now() + Duration::from_secs(2);
-    for _ in 0..readers.len() {
-        let left = grace.saturating_duration_since(Instant::now());
-        if done_rx.recv_timeout(left).is_err() {
-            break;
+    out.stdout_bytes = stdout_cap.total;
+    out.stdout_oversized = stdout_cap.total > spec.stdout_cap;
+    let kept = &stdout_cap.bytes[..stdout_cap.bytes.len().min(spec.stdout_cap)];
+    match std::str::from_utf8(kept) {
+        Ok(s) => {
+            out.stdout = s.to_string();
+            out.stdout_utf8 = true;
+        }
+        Err(_) => {
+            out.stdout = String::from_utf8_lossy(kept).into_owned();
+            out.stdout_utf8 = false;
         }
     }
-    {
-        let c = stdout_cap.lock().expect("capture lock");
-        out.stdout_bytes = c.total;
-        out.stdout_oversized = c.total > spec.stdout_cap;
-        let kept = &c.bytes[..c.bytes.len().min(spec.stdout_cap)];
-        match std::str::from_utf8(kept) {
-            Ok(s) => {
-                out.stdout = s.to_string();
-                out.stdout_utf8 = true;
-            }
-            Err(_) => {
-                out.stdout = String::from_utf8_lossy(kept).into_owned();
-                out.stdout_utf8 = false;
-            }
-        }
-    }
-    {
-        let c = stderr_cap.lock().expect("capture lock");
-        let start = c.bytes.len().saturating_sub(spec.stderr_cap);
-        out.stderr_tail = String::from_utf8_lossy(&c.bytes[start..]).into_owned();
-    }
+    let start = stderr_cap.bytes.len().saturating_sub(spec.stderr_cap);
+    out.stderr_tail = String::from_utf8_lossy(&stderr_cap.bytes[start..]).into_owned();
     out.elapsed_ms = started.elapsed().as_millis() as u64;
     out
 }
+
+/// How long pipes are drained after the host's group was killed: a process that escaped the group
+/// (`setsid`) and kept a pipe open is not waited for beyond this.
+const PIPE_GRACE: Duration = Duration::from_secs(2);
 
 /// Kills every process of this user that carries `LOOPX_TURN_KEY=<turn_key>` in its environment:
 /// what is left of a turn whose driver died (the host itself dies with the driver through
