@@ -240,3 +240,27 @@ fn a_well_behaved_call_is_fast_and_admitted() {
     assert_eq!(out.admission.accepted, 1);
     assert!(out.call.fuel_consumed.unwrap() > 0);
 }
+
+#[test]
+fn every_call_gets_a_fresh_instance_and_memory() {
+    let mut p = setup("", "");
+    for _ in 0..5 {
+        let out = invoke_capability(
+            &mut p.kernel,
+            &p.host,
+            CAP,
+            "g1",
+            None,
+            "count".into(),
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            out.proposals,
+            vec![loopx::kernel::transition::Transition::NoChange {
+                reason: "call 1".into()
+            }],
+            "guest state leaked between calls"
+        );
+    }
+}

@@ -37,6 +37,13 @@ impl Guest for HostileCap {
             match cmd {
                 "" => {}
                 "ok" => out.push(Transition::NoChange("nothing to do".into())),
+                "count" => {
+                    // State that would survive if the host reused an instance or its memory.
+                    static CALLS: std::sync::atomic::AtomicU32 =
+                        std::sync::atomic::AtomicU32::new(0);
+                    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    out.push(Transition::NoChange(format!("call {n}")));
+                }
                 "loop" => {
                     let mut n: u64 = 0;
                     loop {
