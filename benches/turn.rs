@@ -11,6 +11,9 @@
 //! * the manual tick as separate processes: `quota should-run`, `todo claim`, `todo complete`,
 //!   `refresh-state`, `quota spend-slot`.
 //!
+//! * the library driver again with the project on tmpfs (`/dev/shm`), where fsync is nearly free:
+//!   the driver's own cost without the disk's durability floor (7 commits = 7 fsyncs).
+//!
 //! Run with `cargo bench --bench turn` (release profile). Medians over ROUNDS turns.
 
 use std::collections::BTreeMap;
@@ -141,6 +144,22 @@ fn main() {
         }
         work.push(sum);
     }
+    // 1b. The same on tmpfs (fsync ≈ free): the driver's own cost without the disk's durability
+    // floor.
+    let shm = std::path::Path::new("/dev/shm");
+    let tmpfs: Option<Duration> = shm.is_dir().then(|| {
+        let dir = tempfile::tempdir_in(shm).unwrap();
+        let mut k = seed(dir.path());
+        let xs = (0..ROUNDS)
+            .map(|_| {
+                let s = Instant::now();
+                let o = run_turn(&mut k, &req).unwrap();
+                assert_eq!(o.kind, Some(TurnResultKind::ValidatedCompletion));
+                s.elapsed()
+            })
+            .collect();
+        median(xs)
+    });
     // 2. The host alone.
     let host: Vec<Duration> = (0..ROUNDS)
         .map(|_| {
@@ -270,6 +289,13 @@ fn main() {
         ms(median(commits)),
         ms(fsync)
     );
+    if let Some(t) = tmpfs {
+        println!(
+            "  same driver on tmpfs (fsync ~ 0)     {}   overhead {}",
+            ms(t),
+            ms(t.saturating_sub(host_m))
+        );
+    }
     println!("  per step before its commit (work + transaction body):");
     for (step, xs) in steps {
         println!("    {step:<20} {}", ms(median(xs)));
