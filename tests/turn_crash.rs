@@ -231,9 +231,10 @@ fn next_turn_run_recovers_first() {
     assert_eq!(p.hosts_log().len(), 2);
 }
 
-/// Another agent's `turn run` does not touch a1's unsettled turn.
+/// Another agent's `turn run` settles a1's orphaned turn first (its driver is gone, so its lock is
+/// free): the lease a1's dead turn held is released at once instead of blocking t1 until expiry.
 #[test]
-fn other_agents_do_not_recover_foreign_turns() {
+fn other_agents_settle_orphaned_turns_of_the_goal() {
     let (p, key) = crashed_turn("typed_result");
     let host = p.file("host.sh");
     let out = p.json(&[
@@ -243,12 +244,55 @@ fn other_agents_do_not_recover_foreign_turns() {
         "g",
         "--agent-id",
         "a2",
+        "--trust-host-completion",
         "--",
         host.to_str().unwrap(),
     ]);
-    assert_eq!(out["turn"]["recovered_turns"], serde_json::json!([]));
-    assert_eq!(out["turn"]["todo_id"], "t2", "t1 is still leased to a1");
-    assert_eq!(p.journal(&key)["status"], "in_progress");
+    assert_eq!(out["turn"]["recovered_turns"], serde_json::json!([key]));
+    let j = p.journal(&key);
+    assert_eq!(j["status"], "committed");
+    assert_eq!(j["data"]["recovered"], true);
+    // a1's turn completed t1 during recovery (its result was journaled), so a2 works t2.
+    assert_eq!(out["turn"]["todo_id"], "t2");
+    assert_eq!(p.todo_status("t1"), "completed");
+    assert_eq!(p.spends().len(), 2);
+}
+
+/// A turn whose driver is alive is never touched by recovery (its lock is held).
+#[test]
+fn recovery_leaves_live_turns_alone() {
+    use std::time::{Duration, Instant};
+    let p = Project::new();
+    p.add_todo("t1");
+    p.add_todo("t2");
+    let slow = p.script(
+        "slow.sh",
+        "cat >/dev/null\ntouch started\nsleep 3\nexit 1\n",
+    );
+    let a1 = p.spawn(&[
+        "turn",
+        "run",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--",
+        &slow,
+    ]);
+    let t0 = Instant::now();
+    while !p.file("started").exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let turns = recover(&p);
+    assert_eq!(turns.len(), 1);
+    assert_eq!(turns[0]["status"], "in_progress", "{turns:?}");
+    assert!(turns[0]["detail"].as_str().unwrap().contains("in flight"));
+    assert_eq!(p.todo_status("t1"), "claimed");
+    let out = a1.wait_with_output().unwrap();
+    assert!(out.status.success());
+    // The live driver settled its own turn.
+    assert!(recover(&p).is_empty());
+    assert_eq!(p.todo_status("t1"), "open");
 }
 
 /// `kill -9` of loopx while the host runs: the host dies with it (PR_SET_PDEATHSIG), and the

@@ -411,7 +411,8 @@ fn crash_hook(point: &str) {
     }
 }
 
-/// Runs one turn: settles this agent's unsettled turns on the goal, decides, and (when the route
+/// Runs one turn: settles the goal's orphaned turns (any agent's, whose driver is gone), decides,
+/// and (when the route
 /// is `ready_for_host`) claims, runs the host and settles every phase.
 pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
     check_request(req)?;
@@ -435,7 +436,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
         };
         return Ok(o);
     }
-    let recovered_turns: Vec<String> = recover(kernel, Some(&req.goal_id), Some(&req.agent_id))?
+    let recovered_turns: Vec<String> = recover(kernel, Some(&req.goal_id), None)?
         .into_iter()
         .filter(|o| o.status != Some(JournalStatus::InProgress))
         .filter_map(|o| o.turn_key)
