@@ -120,6 +120,11 @@ fn two_agents_never_work_the_same_todo() {
     assert_eq!(p.spends().len(), 11);
     for r in [&r1, &r2] {
         assert_eq!(r["loop"]["final_disposition"], "replan", "{r}");
+        // Healthy loops never settle (or claim to settle) each other's live turns.
+        for t in r["loop"]["turns"].as_array().unwrap() {
+            assert_eq!(t["recovered"], false, "{t}");
+            assert_eq!(t["recovered_turns"], serde_json::json!([]), "{t}");
+        }
     }
     // One progress line per turn on stderr.
     assert!(err1.lines().any(|l| l.starts_with("turn 1/20 t")), "{err1}");

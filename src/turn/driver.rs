@@ -625,10 +625,16 @@ pub fn recover(
         .collect();
     let mut out = Vec::new();
     for key in keys {
-        match recover_one(kernel, &key)? {
-            Some(o) => out.push(o),
-            None => {
+        match recover_one(kernel, &key) {
+            // Settled by its own driver (or another recoverer) since the listing: not ours.
+            Ok(Some(o)) if o.replayed => {}
+            Err(LoopxError::Conflict(_)) => {}
+            Ok(Some(o)) => out.push(o),
+            Ok(None) => {
                 let rec = inspect(kernel, &key)?;
+                if rec.status != JournalStatus::InProgress.as_str() {
+                    continue;
+                }
                 let data = journal_data(&rec)?;
                 let mut o = TurnOutcome::from_journal(&rec, &data);
                 o.detail = format!(
@@ -637,6 +643,7 @@ pub fn recover(
                 );
                 out.push(o);
             }
+            Err(e) => return Err(e),
         }
     }
     Ok(out)
