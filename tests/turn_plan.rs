@@ -86,3 +86,56 @@ fn a_turn_on_a_non_ready_route_runs_no_host() {
     assert!(!p.file("ran").exists());
     assert!(p.history().is_empty());
 }
+
+/// A named turn key makes `turn run` idempotent: the retry replays the stored result (the host
+/// does not run again, nothing is spent twice); `inspect` of an unknown key is exit 3.
+#[test]
+fn named_turn_keys_replay_and_unknown_keys_are_not_found() {
+    let p = Project::new();
+    p.add_todo("t1");
+    p.add_todo("t2");
+    let host = p.script("host.sh", &turn_support::result_host("progress"));
+    let args = [
+        "turn",
+        "run",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--turn-key",
+        "deploy-step-1",
+        "--",
+        &host,
+    ];
+    let first = p.json(&args);
+    assert_eq!(first["turn"]["turn_key"], "deploy-step-1");
+    assert_eq!(first["turn"]["replayed"], false);
+    let second = p.json(&args);
+    assert_eq!(second["turn"]["replayed"], true);
+    assert_eq!(second["turn"]["kind"], first["turn"]["kind"]);
+    assert_eq!(second["turn"]["run_id"], first["turn"]["run_id"]);
+    assert_eq!(p.hosts_log().len(), 1);
+    assert_eq!(p.spends(), vec!["turn:deploy-step-1".to_string()]);
+    // The key belongs to a1 on g: another agent cannot reuse it.
+    let other = p.run(&[
+        "turn",
+        "run",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a2",
+        "--turn-key",
+        "deploy-step-1",
+        "--",
+        &host,
+    ]);
+    assert_eq!(other.status.code(), Some(4));
+    let missing = p.run(&["turn", "inspect", "--turn-key", "turn-nope"]);
+    assert_eq!(missing.status.code(), Some(3));
+    assert!(
+        p.json(&["turn", "recover"])["turns"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
