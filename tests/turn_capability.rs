@@ -236,3 +236,88 @@ fn wasm_capability_failure_is_writeback_failed() {
     let (q, _) = pp.kernel.quota("g", None).unwrap();
     assert_eq!(q.spent_slots, 0);
 }
+
+/// The first-party issue-fix capability (WebAssembly, calling the fs-observe provider) driven by a
+/// turn: the host hands it its own payload format through a `capability_payload` observation, and
+/// the proposals it makes are admitted in the turn's writeback.
+#[test]
+fn wasm_capability_proposals_are_admitted_in_writeback() {
+    let mut pp = plugin_support::Project::new();
+    pp.goal("g");
+    let ws = pp.dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(
+        ws.join("test-results.txt"),
+        "test parser::empty_input ... FAILED\ntest parser::nested ... ok\n",
+    )
+    .unwrap();
+    let state = pp.paths().state;
+    plugin_support::seed_cache(&state);
+    plugin_support::wasm("fs-observe");
+    plugin_support::wasm("issue-fix");
+    let grant = format!("fs.read:workspace={}", ws.display());
+    pp.install(
+        &plugin_support::repo().join("extensions/fs-observe"),
+        &[&grant],
+    )
+    .unwrap();
+    pp.install(&plugin_support::repo().join("extensions/issue-fix"), &[])
+        .unwrap();
+    plugin_support::harvest_cache(&state);
+    let mut t = NewTodo::task("triage the failing tests");
+    t.id = Some("triage".into());
+    t.capability = Some("issue-fix/issue-fix".into());
+    pp.kernel.add_todo(&Actor::Operator, "g", t).unwrap();
+
+    let p = Project {
+        dir: tempfile::TempDir::new_in(pp.dir.path()).unwrap(),
+    };
+    let host = p.script(
+        "host.sh",
+        r#"cat >/dev/null
+printf '%s' '{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"ran the suite",
+  "observations":[{"kind":"capability_payload","data":"issue = Parser crashes on empty input\nresults = test-results.txt"}]}'
+"#,
+    );
+    let out = std::process::Command::new(turn_support::BIN)
+        .args([
+            "--root",
+            pp.dir.path().to_str().unwrap(),
+            "--format",
+            "json",
+            "turn",
+            "run",
+            "--goal-id",
+            "g",
+            "--agent-id",
+            "a1",
+            "--",
+            &host,
+        ])
+        .env_remove("LOOPX_AGENT_ID")
+        .env_remove("LOOPX_TURN_KEY")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let turn = &v["turn"];
+    assert_eq!(turn["kind"], "validated_progress", "{turn}");
+    assert_eq!(turn["spent"], true);
+    let todos = pp.kernel.todos("g").unwrap();
+    let lanes: Vec<&str> = todos.iter().filter_map(|t| t.lane.as_deref()).collect();
+    for lane in ["feasibility", "patch", "checks", "review"] {
+        assert!(lanes.contains(&lane), "no {lane} todo in {lanes:?}");
+    }
+    let rec = loopx::turn::inspect(&mut pp.kernel, turn["turn_key"].as_str().unwrap()).unwrap();
+    let wb = &rec.data["writeback"];
+    assert_eq!(wb["capability"], "issue-fix/issue-fix");
+    assert_eq!(wb["refused"], 0, "{wb}");
+    assert!(wb["accepted"].as_u64().unwrap() >= 4);
+    assert_eq!(wb["call"]["provider_calls"][0]["outcome"], "ok");
+    let (triage, _) = pp.kernel.todo("g", "triage").unwrap();
+    assert!(triage.claim.is_none(), "lease released");
+}

@@ -74,13 +74,27 @@ pub fn builtin_proposals(
     out
 }
 
-/// The payload a WebAssembly capability receives: the host's result plus the turn identity.
+/// Observation kind whose string `data` is handed to a WebAssembly capability verbatim, for
+/// capabilities with their own input format (e.g. issue-fix's `key = value` lines).
+pub const PAYLOAD_OBSERVATION: &str = "capability_payload";
+
+/// The payload a WebAssembly capability receives: the `data` string of the host's
+/// `capability_payload` observation when there is one, otherwise a `loopx.turn_observations.v1`
+/// JSON document with the host's result and the turn identity.
 pub fn capability_payload(
     turn_key: &str,
     todo_id: &str,
     result: &HostResult,
     completion_validated: bool,
 ) -> String {
+    if let Some(text) = result
+        .observations
+        .iter()
+        .find(|o| o.kind == PAYLOAD_OBSERVATION)
+        .and_then(|o| o.data.as_str())
+    {
+        return text.to_string();
+    }
     json!({
         "schema_version": "loopx.turn_observations.v1",
         "turn_key": turn_key,
