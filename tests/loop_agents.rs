@@ -329,3 +329,43 @@ fn sigint_settles_the_turn_in_flight_and_stops() {
             .is_empty()
     );
 }
+
+/// An agent that crashed mid-turn holds the only todo's lease; another agent's loop settles the
+/// orphaned turn (releasing the lease) instead of waiting for the lease to expire.
+#[test]
+fn a_waiting_loop_settles_a_crashed_agents_turn() {
+    let p = Project::new();
+    p.add_todo("t1");
+    let host = p.script("worker.sh", WORKER);
+    let crashed = p
+        .cmd(&[
+            "turn",
+            "run",
+            "--goal-id",
+            "g",
+            "--agent-id",
+            "a1",
+            "--",
+            &host,
+        ])
+        .env("LOOPX_TEST_CRASH_AFTER", "start")
+        .output()
+        .unwrap();
+    assert!(!crashed.status.success());
+    assert_eq!(p.todo_status("t1"), "claimed");
+    let mut a2 = p.spawn(&loop_args("a2", &host));
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = a2.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = a2.kill();
+            panic!("a2 kept waiting on the dead agent's lease");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success());
+    assert_eq!(p.todo_status("t1"), "completed");
+    assert_eq!(work_log(&p), vec![("a2".to_string(), "t1".to_string())]);
+}

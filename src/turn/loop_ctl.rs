@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::TurnResultKind;
 use super::driver::{
-    PROJECTION_INTERVAL_MS, TurnOutcome, TurnRequest, plan, refresh_projection, run_turn,
+    PROJECTION_INTERVAL_MS, TurnOutcome, TurnRequest, plan, recover, refresh_projection, run_turn,
 };
 use super::host::stop_requested;
+use super::{JournalStatus, TurnResultKind};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input};
 use crate::kernel::Kernel;
@@ -242,6 +242,15 @@ pub fn run_loop(
             LoopDisposition::Wait
             | LoopDisposition::UserActionRequired
             | LoopDisposition::Replan => {
+                // A crashed agent's turn may be what holds the work: settle orphaned turns of the
+                // goal (live ones are protected by their lock) and decide again at once if any.
+                let settled = recover(kernel, Some(&goal_id), None)?
+                    .iter()
+                    .any(|o| o.status != Some(JournalStatus::InProgress));
+                if settled {
+                    last = None;
+                    continue;
+                }
                 if req.until_idle {
                     let keep_waiting = disposition == LoopDisposition::Wait
                         && decision.route == TurnRoute::Wait
