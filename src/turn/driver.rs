@@ -394,8 +394,14 @@ impl TurnLock {
         Ok(Some(TurnLock { _file: file, path }))
     }
 
-    /// The turn is settled: remove the lock file (then drop releases the lock).
-    fn finish(self) {
+    /// This process is done with the turn (settled, or given up on an error): removes the lock
+    /// file and releases the lock. A later recoverer creates a fresh file; whatever it finds, it
+    /// re-reads the journal under its own lock before acting.
+    fn finish(self) {}
+}
+
+impl Drop for TurnLock {
+    fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -468,6 +474,11 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
     let start_clock = Instant::now();
     let start = kernel.write(|tx| {
         let now = now_ms();
+        if tx.turn(&turn_key)?.is_some() {
+            return Err(conflict(format!(
+                "turn key '{turn_key}' was just used by another process; retry to replay it"
+            )));
+        }
         let d = decide_in_tx(tx, &req.goal_id, &req.agent_id, now)?;
         let todo_id = match (&req.todo_id, d.route) {
             (Some(t), TurnRoute::ReadyForHost) => t.clone(),
