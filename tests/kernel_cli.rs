@@ -590,3 +590,48 @@ fn root_flag_and_env_select_the_project() {
         "rooted"
     );
 }
+
+#[test]
+fn a_blocked_todo_is_an_operator_item_in_the_attention_queue() {
+    let p = Project::new();
+    let g = p.goal("blocked");
+    let t = p.add_todo(&g, "needs credentials", &[]);
+    p.add_todo(&g, "other work", &[]);
+    p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--status",
+        "blocked",
+        "--reason",
+        "no API key",
+    ]);
+    let status = p.json(&["status", "--goal-id", &g]);
+    let first = &status["attention"][0];
+    assert_eq!(first["who"], "operator", "{status}");
+    assert_eq!(first["kind"], "blocked");
+    assert_eq!(first["todo_id"], t.as_str());
+    assert_eq!(first["reason"], "no API key");
+    // Reopening it is an operator decision; afterwards it is ordinary work again.
+    p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--status",
+        "open",
+    ]);
+    let status = p.json(&["status", "--goal-id", &g]);
+    assert!(
+        status["attention"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["kind"] != "blocked")
+    );
+}

@@ -19,7 +19,7 @@ pub struct AttentionItem {
     pub goal_id: String,
     /// `operator` or `agent`.
     pub who: &'static str,
-    /// `gate`, `user_action`, `repair`, `resume`, `quota`, `replan`, `work`.
+    /// `gate`, `user_action`, `blocked`, `repair`, `resume`, `quota`, `replan`, `work`.
     pub kind: &'static str,
     pub todo_id: Option<String>,
     pub title: String,
@@ -141,6 +141,27 @@ fn goal_status(
                 (2, 1),
             ));
         }
+        let counts = tx.todo_status_counts(&gid)?;
+        if counts.iter().any(|(role, status, n)| {
+            role == Role::Agent.as_str() && status == TodoStatus::Blocked.as_str() && *n > 0
+        }) {
+            // A blocked todo waits for a person: an agent reported it cannot proceed.
+            for t in tx
+                .todos(&gid)?
+                .iter()
+                .filter(|t| t.status == TodoStatus::Blocked)
+            {
+                queue.push(item(
+                    &gid,
+                    "operator",
+                    "blocked",
+                    Some(t),
+                    t.title.clone(),
+                    t.status_reason.clone().unwrap_or_else(|| "blocked".into()),
+                    (1, t.priority.rank()),
+                ));
+            }
+        }
         if let Some(t) = ready.first() {
             let reason = if quota.state == "eligible" {
                 format!("{} ready todo(s)", ready_count)
@@ -157,7 +178,6 @@ fn goal_status(
                 (4, t.priority.rank()),
             ));
         } else {
-            let counts = tx.todo_status_counts(&gid)?;
             let pending = counts.iter().any(|(role, status, n)| {
                 role == Role::Agent.as_str()
                     && *n > 0
