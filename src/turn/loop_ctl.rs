@@ -191,15 +191,18 @@ pub fn run_loop(
     let max_sleep = Duration::from_secs(req.max_sleep_seconds.max(1));
     let mut warnings: Vec<String> = Vec::new();
     let mut projected_at = 0i64;
+    // The route of the latest decision (reported when a signal ends the loop).
+    let mut last_route = TurnRoute::Wait;
     let (disposition, route, stop_reason) = loop {
         if stop_requested() {
             break (
                 LoopDisposition::Terminal,
-                TurnRoute::Blocked,
+                last_route,
                 "interrupted by a signal".to_string(),
             );
         }
         let decision = plan(kernel, &goal_id, &agent_id)?;
+        last_route = decision.route;
         let disposition = decide_loop(last.as_ref(), decision.route, &budget);
         let why = match &last {
             Some(o) if o.kind.is_some() && disposition != LoopDisposition::RunNow => format!(
