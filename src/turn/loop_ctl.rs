@@ -215,6 +215,10 @@ pub fn run_loop(
         };
         match disposition {
             LoopDisposition::RunNow => {
+                if stop_requested() {
+                    // Signalled during the decision: start nothing; the loop top reports it.
+                    continue;
+                }
                 let mut turn = req.turn.clone();
                 turn.turn_key = None;
                 let outcome = run_turn(kernel, &turn)?;
