@@ -16,113 +16,31 @@
 //!
 //! Run with `cargo bench --bench turn` (release profile). Medians over ROUNDS turns.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use loopx::Kernel;
-use loopx::kernel::Actor;
-use loopx::kernel::goal::NewGoal;
-use loopx::kernel::model::{Priority, Role, Todo, TodoKind, TodoStatus};
-use loopx::paths::ProjectPaths;
 use loopx::runtime::{TurnRequest, TurnResultKind, run_turn};
+use support::{fsync_floor, loopx, manual_tick, median, seed};
 
 const TODOS: usize = 1_000;
 const ROUNDS: usize = 60;
 const RESULT: &str = r#"{"schema_version":"loopx.turn_result.v1","status":"completed","summary":"bench","evidence":[{"text":"bench evidence"}]}"#;
 
-fn median(mut xs: Vec<Duration>) -> Duration {
-    xs.sort();
-    xs[xs.len() / 2]
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
-}
-
-fn seed(dir: &Path) -> Kernel {
-    Kernel::init(dir).unwrap().expect("fresh project");
-    let mut k = Kernel::open(ProjectPaths::at(dir)).unwrap();
-    k.create_goal(
-        &Actor::Operator,
-        NewGoal {
-            id: Some("bench".into()),
-            title: "Bench goal".into(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let now = loopx::clock::now_ms();
-    k.write(|tx| {
-        for i in 0..TODOS {
-            tx.insert_todo(&Todo {
-                id: format!("t{}", i + 1),
-                goal_id: "bench".into(),
-                role: Role::Agent,
-                kind: TodoKind::Task,
-                title: format!("bench todo {i}"),
-                detail: String::new(),
-                priority: Priority::from_rank((i % 5) as i64),
-                status: TodoStatus::Open,
-                depends_on: Vec::new(),
-                capability: None,
-                lane: None,
-                gate_scope: None,
-                claim: None,
-                last_fence: 0,
-                status_reason: None,
-                created_at: now,
-                updated_at: now,
-            })?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    k
 }
 
 fn host_argv() -> Vec<String> {
     vec!["/bin/echo".to_string(), RESULT.to_string()]
 }
 
-fn loopx(dir: &Path, args: &[&str]) -> Duration {
-    let start = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_loopx"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    let took = start.elapsed();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    took
-}
-
-/// Median of a 4 KiB write + fsync on the disk holding `dir` (the cost of one durable commit).
-fn fsync_floor(dir: &Path) -> Duration {
-    let path = dir.join("fsync-probe");
-    let mut f = std::fs::File::create(&path).unwrap();
-    let xs = (0..ROUNDS)
-        .map(|_| {
-            f.write_all(&[7u8; 4096]).unwrap();
-            let s = Instant::now();
-            f.sync_all().unwrap();
-            s.elapsed()
-        })
-        .collect();
-    let _ = std::fs::remove_file(&path);
-    median(xs)
-}
-
 fn main() {
     // 1. The driver in-process.
     let dir = tempfile::tempdir().unwrap();
-    let mut k = seed(dir.path());
+    let mut k = seed(dir.path(), TODOS, 0);
     let mut req = TurnRequest::new("bench", "bench-agent", host_argv());
     req.trust_host_completion = true;
     req.timeout_seconds = 30;
@@ -149,7 +67,7 @@ fn main() {
     let shm = std::path::Path::new("/dev/shm");
     let tmpfs: Option<Duration> = shm.is_dir().then(|| {
         let dir = tempfile::tempdir_in(shm).unwrap();
-        let mut k = seed(dir.path());
+        let mut k = seed(dir.path(), TODOS, 0);
         let xs = (0..ROUNDS)
             .map(|_| {
                 let s = Instant::now();
@@ -171,7 +89,7 @@ fn main() {
         .collect();
     // 3. `loopx turn run` as a process.
     let dir2 = tempfile::tempdir().unwrap();
-    drop(seed(dir2.path()));
+    drop(seed(dir2.path(), TODOS, 0));
     let mut cli = Vec::new();
     for _ in 0..ROUNDS {
         cli.push(loopx(
@@ -194,83 +112,15 @@ fn main() {
     }
     // 4. The same work as five separate commands.
     let dir3 = tempfile::tempdir().unwrap();
-    drop(seed(dir3.path()));
+    drop(seed(dir3.path(), TODOS, 0));
     let d = dir3.path();
     let mut manual = Vec::new();
     for r in 0..ROUNDS {
-        let agent = format!("bench-{r}");
-        let key = format!("k{r}");
-        let todo = format!("t{}", r + 1);
         let s = Instant::now();
-        loopx(
-            d,
-            &[
-                "quota",
-                "should-run",
-                "--goal-id",
-                "bench",
-                "--agent-id",
-                &agent,
-            ],
-        );
-        loopx(
-            d,
-            &[
-                "todo",
-                "claim",
-                "--goal-id",
-                "bench",
-                "--todo-id",
-                &todo,
-                "--agent-id",
-                &agent,
-                "--idempotency-key",
-                &key,
-            ],
-        );
-        loopx(
-            d,
-            &[
-                "todo",
-                "complete",
-                "--goal-id",
-                "bench",
-                "--todo-id",
-                &todo,
-                "--agent-id",
-                &agent,
-                "--claim-key",
-                &key,
-                "--evidence",
-                "bench evidence",
-            ],
-        );
-        loopx(
-            d,
-            &[
-                "refresh-state",
-                "--goal-id",
-                "bench",
-                "--agent-id",
-                &agent,
-                "--todo-id",
-                &todo,
-            ],
-        );
-        loopx(
-            d,
-            &[
-                "quota",
-                "spend-slot",
-                "--goal-id",
-                "bench",
-                "--agent-id",
-                &agent,
-            ],
-        );
+        manual_tick(d, r);
         manual.push(s.elapsed());
     }
-    let fsync = fsync_floor(dir.path());
+    let fsync = fsync_floor(dir.path(), ROUNDS);
     let (lib_m, host_m) = (median(lib.clone()), median(host));
     let commits: Vec<Duration> = lib
         .iter()

@@ -1,0 +1,183 @@
+//! What the benchmarks share: a seeded project, whole-process timing of `loopx`, the manual
+//! five-command tick, and the physical floors (spawn, fsync) measured in the same run.
+#![allow(dead_code)] // each bench binary uses its own subset
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use loopx::Kernel;
+use loopx::kernel::Actor;
+use loopx::kernel::goal::NewGoal;
+use loopx::kernel::model::{Priority, Role, Run, Todo, TodoKind, TodoStatus};
+use loopx::paths::ProjectPaths;
+
+pub fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[xs.len() / 2]
+}
+
+/// A project with goal `bench`, `todos` open todos (`t1`..) and `history` run rows, seeded through
+/// the library in one transaction.
+pub fn seed(dir: &Path, todos: usize, history: usize) -> Kernel {
+    Kernel::init(dir).unwrap().expect("fresh project");
+    let mut k = Kernel::open(ProjectPaths::at(dir)).unwrap();
+    k.create_goal(
+        &Actor::Operator,
+        NewGoal {
+            id: Some("bench".into()),
+            title: "Bench goal".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let now = loopx::clock::now_ms();
+    k.write(|tx| {
+        for i in 0..todos {
+            tx.insert_todo(&Todo {
+                id: format!("t{}", i + 1),
+                goal_id: "bench".into(),
+                role: Role::Agent,
+                kind: TodoKind::Task,
+                title: format!("bench todo {i}"),
+                detail: String::new(),
+                priority: Priority::from_rank((i % 5) as i64),
+                status: TodoStatus::Open,
+                depends_on: Vec::new(),
+                capability: None,
+                lane: None,
+                gate_scope: None,
+                claim: None,
+                last_fence: 0,
+                status_reason: None,
+                created_at: now,
+                updated_at: now,
+            })?;
+        }
+        for i in 0..history {
+            tx.insert_run(&Run {
+                id: format!("00H{i:023}"),
+                goal_id: "bench".into(),
+                agent_id: Some(format!("hist-{}", i % 7)),
+                todo_id: None,
+                classification: "state_refresh".into(),
+                outcome: None,
+                summary: format!("historic run {i}"),
+                payload: serde_json::json!({ "i": i }),
+                created_at: now - 1_000,
+            })?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    k
+}
+
+/// One `loopx` process, timed from spawn to exit.
+pub fn loopx(dir: &Path, args: &[&str]) -> Duration {
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_loopx"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let took = start.elapsed();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
+
+/// The seeds' tick as five processes, round `r` working todo `t{r+1}` as agent `bench-{r}`:
+/// should-run, claim, complete, refresh-state, spend-slot.
+pub fn manual_tick(dir: &Path, r: usize) -> [Duration; 5] {
+    let agent = format!("bench-{r}");
+    let key = format!("k{r}");
+    let todo = format!("t{}", r + 1);
+    let g = ["--goal-id", "bench"];
+    [
+        loopx(
+            dir,
+            &[&["quota", "should-run"][..], &g, &["--agent-id", &agent]].concat(),
+        ),
+        loopx(
+            dir,
+            &[
+                &["todo", "claim"][..],
+                &g,
+                &[
+                    "--todo-id",
+                    &todo,
+                    "--agent-id",
+                    &agent,
+                    "--idempotency-key",
+                    &key,
+                ],
+            ]
+            .concat(),
+        ),
+        loopx(
+            dir,
+            &[
+                &["todo", "complete"][..],
+                &g,
+                &[
+                    "--todo-id",
+                    &todo,
+                    "--agent-id",
+                    &agent,
+                    "--claim-key",
+                    &key,
+                    "--evidence",
+                    "bench evidence",
+                ],
+            ]
+            .concat(),
+        ),
+        loopx(
+            dir,
+            &[
+                &["refresh-state"][..],
+                &g,
+                &["--agent-id", &agent, "--todo-id", &todo],
+            ]
+            .concat(),
+        ),
+        loopx(
+            dir,
+            &[&["quota", "spend-slot"][..], &g, &["--agent-id", &agent]].concat(),
+        ),
+    ]
+}
+
+/// Median of spawning `true` and waiting for it.
+pub fn spawn_floor(rounds: usize) -> Duration {
+    median(
+        (0..rounds)
+            .map(|_| {
+                let s = Instant::now();
+                Command::new("true").status().unwrap();
+                s.elapsed()
+            })
+            .collect(),
+    )
+}
+
+/// Median of a 4 KiB write + fsync on the disk holding `dir` (the cost of one durable commit).
+pub fn fsync_floor(dir: &Path, rounds: usize) -> Duration {
+    let path = dir.join("fsync-probe");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let xs = (0..rounds)
+        .map(|_| {
+            f.write_all(&[7u8; 4096]).unwrap();
+            let s = Instant::now();
+            f.sync_all().unwrap();
+            s.elapsed()
+        })
+        .collect();
+    let _ = std::fs::remove_file(&path);
+    median(xs)
+}
