@@ -123,7 +123,8 @@ fn manifest(name: &str, lib: &str, kind: Kind) -> String {
 id = "{name}"
 version = "0.1.0"
 api = ">=0.1, <0.2"
-description = "TODO: one line saying what {name} does"
+# One line for `loopx extension list`: say what {name} observes or proposes.
+description = "{name}, a LoopX {kind} made with `loopx extension new`"
 # Permissions the operator may grant at install: fs.read:<name>, fs.write:<name>, env:<VAR>.
 permissions = {perms}
 
