@@ -229,8 +229,53 @@ fn first_party_extensions_through_the_cli() {
         )
     );
     loopx(d, &["extension", "rollback", "fs-observe"]).ok();
+
+    // A goal bound to a capability needs it installed and enabled: should-run says repair_required
+    // while it is disabled or removed, and runs again once it is back.
+    loopx(
+        d,
+        &[
+            "todo",
+            "add",
+            "--goal-id",
+            "g1",
+            "--id",
+            "bound",
+            "--title",
+            "needs issue-fix",
+            "--capability",
+            "issue-fix/issue-fix",
+        ],
+    )
+    .ok();
+    let route = |d: &Path| {
+        loopx(
+            d,
+            &["--format", "json", "quota", "should-run", "--goal-id", "g1"],
+        )
+        .ok()
+        .json()["route"]
+            .clone()
+    };
+    assert_ne!(route(d), "repair_required", "installed and enabled");
+    loopx(d, &["extension", "disable", "issue-fix"]).ok();
+    assert_eq!(route(d), "repair_required");
+    loopx(d, &["extension", "enable", "issue-fix"]).ok();
+    assert_ne!(route(d), "repair_required");
+    let todos = todo_list(d, "g1");
     loopx(d, &["extension", "remove", "issue-fix"]).ok();
     assert_eq!(todo_list(d, "g1"), todos, "removal changed goal state");
+    let after = loopx(
+        d,
+        &["--format", "json", "quota", "should-run", "--goal-id", "g1"],
+    )
+    .ok()
+    .json();
+    assert_eq!(after["route"], "repair_required", "{after}");
+    assert_eq!(
+        after["interaction_contract"]["agent_channel"]["missing_capabilities"][0],
+        "issue-fix/issue-fix"
+    );
     let gone = loopx(
         d,
         &[
