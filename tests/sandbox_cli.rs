@@ -2,36 +2,17 @@
 //! `extension install` → `capability invoke` (dry run, then for real), `provider call`, the
 //! extension lifecycle, and a sandbox failure's exit code and message.
 
+mod cli_support;
 mod plugin_support;
 
 use std::path::Path;
 use std::process::Command;
 
+use cli_support::Run;
 use plugin_support::{extension, harvest_cache, repo, seed_cache, wasm};
 use serde_json::Value;
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Out {
-    fn ok(self) -> Out {
-        assert_eq!(
-            self.code, 0,
-            "command failed:\nstdout: {}\nstderr: {}",
-            self.stdout, self.stderr
-        );
-        self
-    }
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
-    }
-}
-
-fn loopx(cwd: &Path, args: &[&str]) -> Out {
+fn loopx(cwd: &Path, args: &[&str]) -> Run {
     let state = cwd.join(".loopx");
     let installs = args.iter().any(|a| *a == "install" || *a == "upgrade");
     if installs {
@@ -44,8 +25,8 @@ fn loopx(cwd: &Path, args: &[&str]) -> Out {
     out
 }
 
-fn run(cwd: &Path, args: &[&str]) -> Out {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_loopx"));
+fn run(cwd: &Path, args: &[&str]) -> Run {
+    let mut cmd = Command::new(cli_support::loopx_bin());
     cmd.args(args).current_dir(cwd);
     for k in [
         "LOOPX_ROOT",
@@ -55,12 +36,7 @@ fn run(cwd: &Path, args: &[&str]) -> Out {
     ] {
         cmd.env_remove(k);
     }
-    let o = cmd.output().unwrap();
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    cli_support::to_run(cmd.output().unwrap())
 }
 
 fn todo_list(dir: &Path, goal: &str) -> Value {
