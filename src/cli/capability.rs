@@ -17,6 +17,7 @@ use crate::plugin::logs::LogLine;
 use crate::plugin::registry::PluginHost;
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum CapabilityCommand {
     /// Run CAP (`<extension>/<capability>`) on a goal and admit its proposals.
     Invoke {

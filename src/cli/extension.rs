@@ -32,6 +32,7 @@ impl From<KindArg> for Kind {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum ExtensionCommand {
     /// Scaffold a guest crate that builds with `cargo build --release --target wasm32-wasip2`.
     New {

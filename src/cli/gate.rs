@@ -11,6 +11,7 @@ use crate::kernel::model::GateScope;
 use crate::kernel::projection::todo_json;
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum GateCommand {
     /// Open gates and user actions of a goal.
     List {

@@ -12,6 +12,7 @@ use crate::kernel::model::{Goal, GoalStatus};
 use crate::kernel::projection::{goal_json, todo_json};
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum GoalCommand {
     /// Create a goal.
     Create {

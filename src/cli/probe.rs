@@ -8,6 +8,7 @@ use super::{Context, opt};
 use crate::error::Result;
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum ProbeCommand {
     /// Store the next probe (or clear it with --clear).
     Set {

@@ -12,6 +12,7 @@ use crate::kernel::model::GoalStatus;
 use crate::kernel::projection::goal_json;
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum ProjectPromptCommand {
     /// Create a goal (alias of `goal create --title --objective`).
     Create {

@@ -15,6 +15,7 @@ use crate::plugin::invoke::call_provider;
 use crate::plugin::registry::PluginHost;
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum ProviderCommand {
     /// Call EXT/ID (`<extension>/<provider>`) with the request in FILE and print the observation.
     Call {

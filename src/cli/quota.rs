@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::kernel::quota::{PolicyPatch, QuotaView, SpendReceipt, SpendRequest};
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum QuotaCommand {
     /// Decide whether this agent may run a turn now, and what exactly to run. Writes nothing.
     #[command(name = "should-run")]

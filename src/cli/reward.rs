@@ -8,6 +8,7 @@ use super::output::Output;
 use crate::error::Result;
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum RewardCommand {
     /// Score a run (operators only).
     Add {

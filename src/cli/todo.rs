@@ -27,6 +27,7 @@ pub struct AgentProof {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum TodoCommand {
     /// Add a todo (or a gate, with --kind user_gate/user_action).
     Add {

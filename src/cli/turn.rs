@@ -63,6 +63,7 @@ impl TurnArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum TurnCommand {
     /// The route a turn would take now, with its reason and selected todo. Writes nothing.
     Plan {
