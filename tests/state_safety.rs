@@ -364,14 +364,23 @@ fn a_damaged_page_is_found_by_doctor() {
         p.add_todo(&g, &format!("filler {i} {}", "x".repeat(200)), &[]);
     }
     let db = p.state().join("loopx.db");
-    rusqlite::Connection::open(&db)
-        .unwrap()
-        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
         .unwrap();
+    // A page in use (the todos table's root), not one a migration left on the freelist.
+    let root: usize = conn
+        .query_row(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'todos'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    drop(conn);
     let mut bytes = std::fs::read(&db).unwrap();
-    assert!(bytes.len() > 8 * 4096);
-    // Scribble over the middle of a b-tree page, leaving the header intact.
-    for b in &mut bytes[5 * 4096 + 100..5 * 4096 + 1000] {
+    let page = (root - 1) * 4096;
+    assert!(bytes.len() >= page + 4096);
+    // Scribble over the middle of the b-tree page, leaving its header intact.
+    for b in &mut bytes[page + 100..page + 1000] {
         *b = 0xa5;
     }
     std::fs::write(&db, &bytes).unwrap();
@@ -380,4 +389,38 @@ fn a_damaged_page_is_found_by_doctor() {
     assert_eq!(r.code, 5, "{} {}", r.stdout, r.stderr);
     assert!(r.stderr.contains(&db.display().to_string()), "{}", r.stderr);
     assert_eq!(before, p.snapshot());
+}
+
+#[test]
+fn same_length_edit_of_state_projection_is_still_reported() {
+    // The write stamp lets refresh-state skip re-parsing its own last write; an in-place edit that
+    // keeps the length and the inode must still be caught, because the modification time moves.
+    use std::io::{Seek, SeekFrom, Write};
+    let (p, g) = seeded();
+    let state = p.state().join(format!("goals/{g}/state.json"));
+    let before = std::fs::read(&state).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&state)
+        .unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.write_all(b"x").unwrap();
+    drop(f);
+    let edited = std::fs::read(&state).unwrap();
+    assert_eq!(edited.len(), before.len());
+    let r = p.run(&["refresh-state", "--goal-id", &g]);
+    assert_eq!(r.code, 5, "{}", r.stderr);
+    assert_eq!(std::fs::read(&state).unwrap(), edited);
+}
+
+#[test]
+fn damaged_write_stamp_falls_back_to_parsing() {
+    let (p, g) = seeded();
+    let dir = p.state().join(format!("goals/{g}"));
+    std::fs::write(dir.join(".state.json.stamp"), b"garbage").unwrap();
+    p.json(&["refresh-state", "--goal-id", &g]);
+    std::fs::write(dir.join(".state.json.stamp"), b"garbage").unwrap();
+    std::fs::write(dir.join("state.json"), b"{ broken").unwrap();
+    let r = p.run(&["refresh-state", "--goal-id", &g]);
+    assert_eq!(r.code, 5, "{}", r.stderr);
 }

@@ -8,14 +8,23 @@
 //! just-renamed file can come back empty; an empty projection is therefore treated as missing and
 //! re-created. A non-empty projection that no longer parses is reported as corrupt instead of being
 //! overwritten: someone may have edited it by hand, and silently replacing it would lose that.
+//!
+//! Parsing a goal's `state.json` before every rewrite would cost as much as rendering it (420 KB at
+//! 1,000 todos), so each JSON projection gets a write stamp beside it (`.<name>.stamp`: length,
+//! modification time, inode of the file as written). A file whose `stat` still matches its stamp is
+//! byte for byte what LoopX wrote, hence valid; any other file is parsed in full. `doctor` always
+//! parses in full.
 
-use std::path::Path;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
 use super::model::{Evidence, Goal, Run, Todo};
 use super::{Kernel, quota};
-use crate::clock::{now_ms, rfc3339};
+use crate::clock::{Rfc3339, now_ms, rfc3339};
 use crate::error::{LoopxError, Result};
 
 pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
@@ -38,8 +47,78 @@ pub fn check_json_projection(path: &Path) -> Result<()> {
     }
 }
 
-/// Writes `bytes` to `path` atomically: temp file in the same directory, rename over the target.
+/// The check before a JSON projection is replaced: like [`check_json_projection`], but a file
+/// that still matches the stamp of LoopX's own last write is accepted from one `stat`.
+fn check_before_overwrite(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.len() == 0 => Ok(()),
+        Ok(meta) if read_stamp(path).as_deref() == Some(stamp_of(&meta).as_str()) => Ok(()),
+        _ => check_json_projection(path),
+    }
+}
+
+fn stamp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("projection");
+    path.with_file_name(format!(".{name}.stamp"))
+}
+
+fn stamp_of(meta: &std::fs::Metadata) -> String {
+    format!(
+        "{} {}.{:09} {}",
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ino()
+    )
+}
+
+fn read_stamp(path: &Path) -> Option<String> {
+    std::fs::read_to_string(stamp_path(path)).ok()
+}
+
+/// Writes a JSON projection after checking the file it replaces, and stamps the result.
+fn write_json_projection(
+    path: &Path,
+    fill: impl FnOnce(&mut ProjectionWriter) -> std::io::Result<()>,
+) -> Result<()> {
+    check_before_overwrite(path)?;
+    let stamp_file = stamp_path(path);
+    // Drop the old stamp first: if anything below fails, the next writer falls back to parsing.
+    match std::fs::remove_file(&stamp_file) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(LoopxError::internal(
+                format!("removing {}", stamp_file.display()),
+                e,
+            ));
+        }
+    }
+    write_atomic_with(path, fill)?;
+    // Renaming keeps the inode and modification time: this is the stat of our write.
+    let meta = std::fs::metadata(path)
+        .map_err(|e| LoopxError::internal(format!("reading {}", path.display()), e))?;
+    write_atomic(&stamp_file, stamp_of(&meta).as_bytes())
+}
+
+/// Writes `bytes` to `path` atomically (see [`write_atomic_with`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, |w| w.write_all(bytes))
+}
+
+/// The buffered temp file a projection is streamed into; a concrete type, so serde's many small
+/// writes inline into buffer copies.
+type ProjectionWriter = BufWriter<File>;
+
+/// Writes `path` atomically: `fill` streams the content into a temp file in the same directory,
+/// which then takes the target's place in one step, so a reader sees the old or the new file.
+fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut ProjectionWriter) -> std::io::Result<()>,
+) -> Result<()> {
     let dir = path.parent().expect("projection paths have a parent");
     std::fs::create_dir_all(dir)
         .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
@@ -51,13 +130,50 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         std::process::id()
     ));
     let result = (|| -> std::io::Result<()> {
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, path)
+        let mut w = BufWriter::with_capacity(64 << 10, File::create(&tmp)?);
+        fill(&mut w)?;
+        w.into_inner().map_err(|e| e.into_error())?;
+        replace(&tmp, path)
     })();
     result.map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         LoopxError::internal(format!("writing {}", path.display()), e)
     })
+}
+
+/// Puts `tmp` in `path`'s place. On Linux the two are exchanged (`renameat2` with
+/// `RENAME_EXCHANGE`) and the old content, now at `tmp`, is unlinked. A plain rename over an
+/// existing file makes ext4 allocate and start writing the new file at once (its `auto_da_alloc`
+/// safeguard), and the next fsync of the database, a command later, then waits for that data:
+/// with a 420 KB `state.json`, 1.0 ms for the rename and 1.0 ms instead of 0.3 ms for the fsync.
+/// Where exchange is unsupported, or there is no old file, it is a plain rename.
+fn replace(tmp: &Path, path: &Path) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+        let (from, to) = (c(tmp)?, c(path)?);
+        // SAFETY: both arguments are valid NUL-terminated paths that outlive the call.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        if rc == 0 {
+            return std::fs::remove_file(tmp);
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ENOENT | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {}
+            _ => return Err(err),
+        }
+    }
+    std::fs::rename(tmp, path)
 }
 
 /// Writes a file that must never change once written (run reports): refuses to replace a
@@ -95,15 +211,15 @@ pub struct TodoView<'a> {
     gate_scope: Option<&'a super::model::GateScope>,
     claim: Option<ClaimView<'a>>,
     status_reason: Option<&'a str>,
-    created_at: String,
-    updated_at: String,
+    created_at: Rfc3339,
+    updated_at: Rfc3339,
 }
 
 #[derive(serde::Serialize)]
 struct ClaimView<'a> {
     agent_id: &'a str,
     fence: i64,
-    expires_at: String,
+    expires_at: Rfc3339,
     live: bool,
 }
 
@@ -124,12 +240,12 @@ impl<'a> TodoView<'a> {
             claim: todo.claim.as_ref().map(|c| ClaimView {
                 agent_id: &c.agent_id,
                 fence: c.fence,
-                expires_at: rfc3339(c.expires_at),
+                expires_at: Rfc3339(c.expires_at),
                 live: c.is_live(now),
             }),
             status_reason: todo.status_reason.as_deref(),
-            created_at: rfc3339(todo.created_at),
-            updated_at: rfc3339(todo.updated_at),
+            created_at: Rfc3339(todo.created_at),
+            updated_at: Rfc3339(todo.updated_at),
         }
     }
 }
@@ -209,7 +325,6 @@ impl Kernel {
     /// Rewrites `.loopx/registry.json` from the database.
     pub fn write_registry_projection(&mut self) -> Result<()> {
         let path = self.paths().registry();
-        check_json_projection(&path)?;
         let (goals, extensions) = self.read(|tx| Ok((tx.goals()?, tx.extensions()?)))?;
         let value = json!({
             "schema_version": REGISTRY_SCHEMA,
@@ -231,13 +346,13 @@ impl Kernel {
                 "provides": e.manifest.get("provides").cloned().unwrap_or(Value::Null),
             })).collect::<Vec<_>>(),
         });
-        write_atomic(&path, &pretty(&value))
+        let bytes = pretty(&value);
+        write_json_projection(&path, |w| w.write_all(&bytes))
     }
 
     /// Rewrites `goals/<id>/state.json` and `STATE.md` from the database.
     pub fn write_goal_projection(&mut self, goal_id: &str) -> Result<()> {
         let json_path = self.paths().goal_state_json(goal_id);
-        check_json_projection(&json_path)?;
         let now = now_ms();
         let (goal, todos, evidence, policy, spent) = self.read(|tx| {
             let goal = super::require_goal(tx, goal_id)?;
@@ -269,9 +384,10 @@ impl Kernel {
             recent_evidence: evidence.iter().map(evidence_json).collect(),
             quota: quota.to_json(),
         };
-        let mut bytes = serde_json::to_vec_pretty(&projection).expect("projections serialize");
-        bytes.push(b'\n');
-        write_atomic(&json_path, &bytes)?;
+        write_json_projection(&json_path, |w| {
+            serde_json::to_writer_pretty(&mut *w, &projection)?;
+            w.write_all(b"\n")
+        })?;
         write_atomic(
             &self.paths().goal_state_md(goal_id),
             state_markdown(&goal, &todos, &evidence, &quota, now).as_bytes(),

@@ -2,7 +2,7 @@
 //! `schema_migrations`; a database newer than this binary is refused rather than guessed at.
 
 /// (version, SQL). Append only: never edit a migration that has shipped.
-pub const MIGRATIONS: &[(i64, &str)] = &[(1, V1)];
+pub const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2)];
 
 const V1: &str = r#"
 CREATE TABLE goals (
@@ -149,4 +149,19 @@ CREATE TABLE turns (
     updated_at INTEGER NOT NULL
 );
 CREATE INDEX turns_unsettled ON turns(status, goal_id);
+"#;
+
+/// Indexes shaped for the tick's reads at thousands of todos, so none of them scans or sorts the
+/// goal's todos: the ready queue and the open gates (`role`, `status`, then priority order), the
+/// per-role status counts (a covering walk of the same index), an agent's live claim, the
+/// capabilities bound by todos, and a goal's latest evidence. No partial indexes: matching a query against an index's `WHERE`
+/// makes SQLite re-prepare statements once their parameters are bound, which costs more per
+/// process than the index saves.
+const V2: &str = r#"
+DROP INDEX todos_by_status;
+DROP INDEX todos_by_claim;
+CREATE INDEX todos_by_role_status ON todos(goal_id, role, status, priority, seq);
+CREATE INDEX todos_by_claim ON todos(goal_id, claim_agent, status, priority, seq);
+CREATE INDEX todos_by_capability ON todos(goal_id, capability);
+CREATE INDEX evidence_by_goal ON evidence(goal_id, id);
 "#;

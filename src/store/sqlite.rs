@@ -101,9 +101,10 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT)
             .map_err(|e| map_err(&path, "setting busy timeout", e))?;
         self.conn
-            .execute_batch(
-                "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA wal_autocheckpoint=0;",
-            )
+            .execute_batch(&format!(
+                "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; \
+                 PRAGMA wal_autocheckpoint=0; PRAGMA mmap_size={MMAP_BYTES};"
+            ))
             .map_err(|e| map_err(&path, "configuring the connection", e))?;
         // See WAL_CHECKPOINT_BYTES: checkpoints are explicit, never on close.
         self.conn
@@ -224,19 +225,29 @@ impl Drop for SqliteTx<'_> {
     }
 }
 
-/// Checkpoint once the WAL passes this size. Each CLI command is a short-lived process, so the
-/// checkpoint SQLite would run when the last connection closes is turned off (it would cost
-/// several fsyncs per command, and make even a read-only command write the database file);
-/// instead the writer that pushes the WAL past this size folds it into the database and truncates
-/// it. Keeping the WAL small also bounds the WAL-index rebuild every new process does on open.
-const WAL_CHECKPOINT_BYTES: u64 = 1 << 20;
+/// Checkpoint once the WAL passes this size. Each CLI command is a fresh process, and the first
+/// connection of a process rebuilds the WAL index by reading every frame in the WAL: the WAL's
+/// size is a cost every command pays on open. SQLite's own checkpoints do not fit that life: the
+/// one on close would cost every command (read-only ones included) fsyncs of the database file,
+/// and a passive auto-checkpoint never lets the WAL start over, because how much of it was copied
+/// back lives in the WAL index, which the next process rebuilds from scratch. So the writer whose
+/// commit pushes the WAL past this size copies it into the database and truncates it.
+const WAL_CHECKPOINT_BYTES: u64 = 256 << 10;
+
+/// Database pages are read through a memory map instead of copied into SQLite's page cache: a
+/// short-lived process then maps pages the kernel already caches instead of allocating and
+/// zeroing fresh memory for each, which on a VM is most of the cost of a read.
+const MMAP_BYTES: u64 = 1 << 30;
 
 const TODO_COLUMNS: &str = "goal_id, id, role, kind, title, detail, priority, status, capability, lane, gate_scope, \
      claim_agent, claim_fence, claim_expires_at, claim_key, claimed_at, last_fence, status_reason, created_at, updated_at";
+/// How many columns `TODO_COLUMNS` names; a query may select more after them.
+const TODO_COLUMN_COUNT: usize = 20;
 
 fn text_enum<T>(row: &Row, idx: usize, parse: fn(&str) -> Result<T>) -> rusqlite::Result<T> {
-    let text: String = row.get(idx)?;
-    parse(&text).map_err(|e| {
+    // Borrowed, not a `String`: enum columns are read for every todo of every listing.
+    let text = row.get_ref(idx)?.as_str()?;
+    parse(text).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
     })
 }
@@ -450,6 +461,22 @@ impl SqliteTx<'_> {
         self.with_deps(todos)
     }
 
+    /// Todos selected as `{TODO_COLUMNS}, seq`, with their creation sequence, dependencies not
+    /// loaded: for callers that order rows themselves.
+    fn query_todos_with_seq(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+        context: &str,
+    ) -> Result<Vec<(Todo, i64)>> {
+        let mut stmt = self.conn.prepare_cached(sql).map_err(self.err(context))?;
+        stmt.query_map(params, |r| {
+            Ok((todo_from_row(r)?, r.get(TODO_COLUMN_COUNT)?))
+        })
+        .and_then(|rows| rows.collect())
+        .map_err(self.err(context))
+    }
+
     fn write_todo(&self, todo: &Todo, insert: bool) -> Result<()> {
         self.ensure_writable()?;
         let gate_scope = todo.gate_scope.as_ref().map(to_json);
@@ -625,17 +652,16 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn todos(&self, goal_id: &str) -> Result<Vec<Todo>> {
-        // One pass for dependencies instead of one query per todo: `todo list` at 1,000 todos.
-        let mut stmt = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 ORDER BY priority, seq"
-            ))
-            .map_err(self.err("listing todos"))?;
-        let mut todos: Vec<Todo> = stmt
-            .query_map([goal_id], todo_from_row)
-            .and_then(|rows| rows.collect())
-            .map_err(self.err("listing todos"))?;
+        // Rows come in primary-key order and are sorted here: an `ORDER BY` would make SQLite copy
+        // every full row through its sorter, the largest cost of `refresh-state` at 1,000 todos.
+        // Dependencies are one pass too, not one query per todo.
+        let mut rows = self.query_todos_with_seq(
+            &format!("SELECT {TODO_COLUMNS}, seq FROM todos WHERE goal_id = ?1"),
+            params![goal_id],
+            "listing todos",
+        )?;
+        rows.sort_unstable_by_key(|(t, seq)| (t.priority.rank(), *seq));
+        let mut todos: Vec<Todo> = rows.into_iter().map(|(t, _)| t).collect();
         let mut deps = self
             .conn
             .prepare_cached("SELECT todo_id, depends_on FROM todo_deps WHERE goal_id = ?1 ORDER BY todo_id, depends_on")
@@ -667,20 +693,29 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn ready_todos(&self, goal_id: &str, now: i64, limit: usize) -> Result<Vec<Todo>> {
-        let sql = format!(
-            "SELECT {TODO_COLUMNS} FROM todos t WHERE t.goal_id = ?1 AND t.role = 'agent' \
-             AND (t.status = 'open' OR (t.status = 'claimed' AND t.claim_expires_at <= ?2)) \
-             AND NOT EXISTS (SELECT 1 FROM todo_deps d JOIN todos u ON u.goal_id = d.goal_id AND u.id = d.depends_on \
-                 WHERE d.goal_id = t.goal_id AND d.todo_id = t.id AND u.status <> 'completed') \
-             AND NOT EXISTS (SELECT 1 FROM todo_deps d WHERE d.goal_id = t.goal_id AND d.todo_id = t.id \
-                 AND NOT EXISTS (SELECT 1 FROM todos u WHERE u.goal_id = d.goal_id AND u.id = d.depends_on)) \
-             ORDER BY t.priority, t.seq LIMIT ?3"
+        // Two simple queries, not one: each walks `todos_by_role_status` in priority order and
+        // stops after `limit` todos whose dependencies are all completed (open ones, and claimed
+        // ones whose lease expired), and the two short lists are merged here. A compound SELECT
+        // costs twice as much to prepare, and a bound LIMIT makes SQLite re-prepare it; both are
+        // paid by every process.
+        let deps_met = "NOT EXISTS (SELECT 1 FROM todo_deps d WHERE d.goal_id = t.goal_id AND d.todo_id = t.id \
+             AND NOT EXISTS (SELECT 1 FROM todos u WHERE u.goal_id = d.goal_id AND u.id = d.depends_on \
+             AND u.status = 'completed'))";
+        let open = format!(
+            "SELECT {TODO_COLUMNS}, seq FROM todos t WHERE t.goal_id = ?1 AND t.role = 'agent' \
+             AND t.status = 'open' AND {deps_met} ORDER BY t.priority, t.seq LIMIT {limit}"
         );
-        self.query_todos(
-            &sql,
-            params![goal_id, now, limit as i64],
-            "selecting ready todos",
-        )
+        let expired = format!(
+            "SELECT {TODO_COLUMNS}, seq FROM todos t WHERE t.goal_id = ?1 AND t.role = 'agent' \
+             AND t.status = 'claimed' AND t.claim_expires_at <= ?2 AND {deps_met} \
+             ORDER BY t.priority, t.seq LIMIT {limit}"
+        );
+        let context = "selecting ready todos";
+        let mut rows = self.query_todos_with_seq(&open, params![goal_id], context)?;
+        rows.extend(self.query_todos_with_seq(&expired, params![goal_id, now], context)?);
+        rows.sort_unstable_by_key(|(t, seq)| (t.priority.rank(), *seq));
+        rows.truncate(limit);
+        self.with_deps(rows.into_iter().map(|(t, _)| t).collect())
     }
 
     fn claimed_by(&self, goal_id: &str, agent_id: &str, now: i64) -> Result<Option<Todo>> {
