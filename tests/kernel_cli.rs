@@ -635,3 +635,32 @@ fn a_blocked_todo_is_an_operator_item_in_the_attention_queue() {
             .all(|i| i["kind"] != "blocked")
     );
 }
+
+#[test]
+fn wasm_commands_run_in_loopx_wasm_beside_the_kernel_binary() {
+    // `loopx` hands turn/loop/extension/capability/provider to `loopx-wasm` beside it.
+    let p = Project::new();
+    let listed = p.json(&["extension", "list"]);
+    assert!(listed.is_object() || listed.is_array(), "{listed}");
+
+    // Installed without its host, the kernel commands still work and the wasm ones say why not.
+    let lonely = tempfile::tempdir().unwrap();
+    let bin = lonely.path().join("loopx");
+    std::fs::copy(cli_support::loopx_bin(), &bin).unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(&bin)
+            .args(args)
+            .current_dir(p.dir.path())
+            .output()
+            .unwrap()
+    };
+    assert!(run(&["status"]).status.success());
+    let out = run(&["extension", "list"]);
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("loopx-wasm"), "{stderr}");
+    assert!(
+        stderr.contains(&lonely.path().display().to_string()),
+        "{stderr}"
+    );
+}

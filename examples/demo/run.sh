@@ -18,7 +18,7 @@ step "Set up: the wasm32-wasip2 target, loopx (release), the issue-fix and fs-ob
 rustup target add wasm32-wasip2
 # LOOPX_BIN_DIR: use an already built loopx (the test suite runs this demo with its debug build).
 if [ -z "${LOOPX_BIN_DIR:-}" ]; then
-    cargo build --release --quiet --manifest-path "$REPO/Cargo.toml" --bin loopx
+    cargo build --release --quiet --manifest-path "$REPO/Cargo.toml" --bins
     LOOPX_BIN_DIR="$REPO/target/release"
 fi
 cargo build --release --quiet --manifest-path "$REPO/Cargo.toml" --target wasm32-wasip2 -p issue-fix -p fs-observe

@@ -52,6 +52,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum Command {
     /// Create `.loopx/` (database and projections) in the project directory.
     Init(init::InitArgs),
@@ -174,7 +175,16 @@ impl Context {
     }
 }
 
-fn dispatch(ctx: &Context, command: Command) -> Result<Output> {
+/// Runs a command that executes WebAssembly (`turn`, `loop`, `extension`, `capability`,
+/// `provider`). The `loopx` binary passes [`exec_wasm_host`]; `loopx-wasm` passes
+/// [`run_wasm_command`]. Taking it as a parameter keeps the engine out of the kernel binary
+/// entirely: the linker drops code nothing refers to.
+pub type WasmDispatch = fn(&Context, Command) -> Result<Output>;
+
+/// The name of the binary that hosts the WebAssembly engine, installed beside `loopx`.
+pub const WASM_HOST_BINARY: &str = "loopx-wasm";
+
+fn dispatch(ctx: &Context, command: Command, wasm: WasmDispatch) -> Result<Output> {
     match command {
         Command::Init(args) => init::run(ctx, args),
         Command::Goal(cmd) => goal::run(ctx, cmd),
@@ -190,16 +200,47 @@ fn dispatch(ctx: &Context, command: Command) -> Result<Output> {
         Command::Status(args) => status::run(ctx, args),
         Command::Probe(cmd) => probe::run(ctx, cmd),
         Command::Doctor(args) => doctor::run(ctx, args),
+        Command::Turn(_)
+        | Command::Loop(_)
+        | Command::Extension(_)
+        | Command::Capability(_)
+        | Command::Provider(_) => wasm(ctx, command),
+    }
+}
+
+/// Runs a WebAssembly command in this process (the `loopx-wasm` binary).
+pub fn run_wasm_command(ctx: &Context, command: Command) -> Result<Output> {
+    match command {
         Command::Turn(cmd) => turn::run(ctx, cmd),
         Command::Loop(args) => loop_cmd::run(ctx, args),
         Command::Extension(cmd) => extension::run(ctx, cmd),
         Command::Capability(cmd) => capability::run(ctx, cmd),
         Command::Provider(cmd) => provider::run(ctx, cmd),
+        other => dispatch(ctx, other, run_wasm_command),
     }
 }
 
+/// Replaces this process with `loopx-wasm` from the same directory, same arguments and
+/// environment (the `loopx` binary). Same process id, so signals, process groups and the turn
+/// driver's parent-death handling are unaffected. Returns only when the exec fails.
+pub fn exec_wasm_host(_ctx: &Context, _command: Command) -> Result<Output> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe()
+        .map_err(|e| LoopxError::internal("locating the loopx binary", e))?;
+    let host = exe.with_file_name(WASM_HOST_BINARY);
+    let err = std::process::Command::new(&host)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    Err(crate::error::not_found(format!(
+        "cannot run {} ({err}): the WebAssembly commands (turn, loop, extension, capability, \
+         provider) run in `{WASM_HOST_BINARY}`, which is installed beside `loopx`; reinstall with \
+         `cargo install --path .` or build with `cargo build --release`",
+        host.display()
+    )))
+}
+
 /// Runs the CLI with the process arguments; returns the exit code.
-pub fn main() -> i32 {
+pub fn main(wasm: WasmDispatch) -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -214,7 +255,7 @@ pub fn main() -> i32 {
     {
         format = Format::Json;
     }
-    let result = Context::from_env(cli.root).and_then(|ctx| dispatch(&ctx, cli.command));
+    let result = Context::from_env(cli.root).and_then(|ctx| dispatch(&ctx, cli.command, wasm));
     match result {
         Ok(output) => {
             print!("{}", output.render(format));
