@@ -221,10 +221,13 @@ fn corrupt_goal_state_projection_is_reported_not_overwritten() {
     let (p, g) = seeded();
     let state = p.state().join(format!("goals/{g}/state.json"));
     std::fs::write(&state, b"not json").unwrap();
+    let before = p.snapshot();
     let r = p.run(&["refresh-state", "--goal-id", &g]);
     assert_eq!(r.code, 5, "{}", r.stderr);
     assert!(r.stderr.contains("state.json"));
     assert_eq!(std::fs::read(&state).unwrap(), b"not json");
+    // Refused before the run is recorded: the database and every file are as they were.
+    assert_eq!(before, p.snapshot());
 }
 
 #[test]

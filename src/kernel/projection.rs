@@ -49,7 +49,7 @@ pub fn check_json_projection(path: &Path) -> Result<()> {
 
 /// The check before a JSON projection is replaced: like [`check_json_projection`], but a file
 /// that still matches the stamp of LoopX's own last write is accepted from one `stat`.
-fn check_before_overwrite(path: &Path) -> Result<()> {
+pub(crate) fn check_before_overwrite(path: &Path) -> Result<()> {
     match std::fs::metadata(path) {
         Ok(meta) if meta.len() == 0 => Ok(()),
         Ok(meta) if read_stamp(path).as_deref() == Some(stamp_of(&meta).as_str()) => Ok(()),
@@ -351,7 +351,11 @@ fn write_state_json(
         w.write_all(if i == 0 { b"\n    " } else { b",\n    " })?;
         serde_json::to_writer(&mut *w, &TodoView::new(todo, now))?;
     }
-    w.write_all(if todos.is_empty() { b"],\n" } else { b"\n  ],\n" })?;
+    w.write_all(if todos.is_empty() {
+        b"],\n"
+    } else {
+        b"\n  ],\n"
+    })?;
     let evidence: Vec<Value> = evidence.iter().map(evidence_json).collect();
     field(w, "recent_evidence", &evidence)?;
     write!(w, "  \"quota\": ")?;

@@ -92,6 +92,9 @@ impl Kernel {
                 summary.len()
             )));
         }
+        // A damaged state.json is reported before the run is recorded, so the command changes
+        // nothing; the check is one `stat` when the file is LoopX's own last write.
+        super::projection::check_before_overwrite(&self.paths().goal_state_json(&req.goal_id))?;
         let run = self.write(|tx| {
             require_goal(tx, &req.goal_id)?;
             let now = now_ms();
