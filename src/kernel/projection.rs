@@ -15,6 +15,7 @@
 //! byte for byte what LoopX wrote, hence valid; any other file is parsed in full. `doctor` always
 //! parses in full.
 
+use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::MetadataExt;
@@ -438,7 +439,8 @@ fn state_markdown(
     quota: &quota::QuotaView,
     now: i64,
 ) -> String {
-    let mut md = format!("# {}\n\n", goal.title);
+    let mut md = String::with_capacity(1024 + 64 * todos.len());
+    let _ = write!(md, "# {}\n\n", goal.title);
     md.push_str(&format!("Goal `{}` is **{}**. Generated {} from the LoopX database; edits here are not read back.\n\n", goal.id, goal.status, rfc3339(now)));
     md.push_str("## Objective\n\n");
     md.push_str(&goal.objective);
@@ -465,19 +467,21 @@ fn state_markdown(
             continue;
         }
         for t in list {
+            // Written in place: this loop runs for every todo on every refresh.
             let mark = if t.status.is_terminal() { "x" } else { " " };
-            let mut line = format!(
+            let _ = write!(
+                md,
                 "- [{mark}] [{}] {} `{}` ({}",
                 t.priority, t.title, t.id, t.status
             );
             if let Some(c) = t.live_claim(now) {
-                line.push_str(&format!(", claimed by {} fence {}", c.agent_id, c.fence));
+                let _ = write!(md, ", claimed by {} fence {}", c.agent_id, c.fence);
             }
-            if !t.depends_on.is_empty() {
-                line.push_str(&format!(", after {}", t.depends_on.join(", ")));
+            for (i, dep) in t.depends_on.iter().enumerate() {
+                md.push_str(if i == 0 { ", after " } else { ", " });
+                md.push_str(dep);
             }
-            line.push_str(")\n");
-            md.push_str(&line);
+            md.push_str(")\n");
         }
         md.push('\n');
     }
