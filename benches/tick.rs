@@ -1,14 +1,16 @@
 //! The core tick as whole processes: `quota should-run`, `todo claim`, `todo complete`,
 //! `refresh-state`, `quota spend-slot`, each a fresh `loopx` process, on a goal with 1,000 todos and
 //! either 0 or 100,000 history rows. Beside it, in the same run, the physical floor: a process
-//! spawn and an fsync on the same disk. Run with `cargo bench --bench tick`.
+//! spawn and an fsync on the same disk, and the part of every command that does not depend on the
+//! goal's size (start-up alone, and should-run on a one-todo project). Run with
+//! `cargo bench --bench tick`.
 
 mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::{fsync_floor, manual_tick, median, seed, spawn_floor};
+use support::{fsync_floor, loopx, manual_tick, median, seed, spawn_floor};
 
 const TODOS: usize = 1_000;
 const HISTORY: usize = 100_000;
@@ -53,6 +55,20 @@ fn main() {
         seed_start.elapsed().as_secs_f64()
     );
 
+    // The part of every command that does not depend on the goal's size: a one-todo project.
+    let tiny = tempfile::tempdir_in(&base).unwrap();
+    drop(seed(tiny.path(), 1, 0));
+    let start_up = median(
+        (0..ROUNDS)
+            .map(|_| loopx(tiny.path(), &["--version"]))
+            .collect(),
+    );
+    let fixed = median(
+        (0..ROUNDS)
+            .map(|_| loopx(tiny.path(), &["quota", "should-run", "--goal-id", "bench"]))
+            .collect(),
+    );
+
     let spawn = spawn_floor(ROUNDS * 2);
     let fsync = fsync_floor(full.path(), ROUNDS * 2);
     let a = tick_rounds(empty.path());
@@ -90,6 +106,17 @@ fn main() {
     println!("| process spawn (`true`) | {} |", ms(spawn));
     println!("| fsync of 4 KiB | {} |", ms(fsync));
     println!("| 5 spawns + 4 fsyncs | {} |", ms(floor));
+    println!();
+    println!("| fixed cost per process, same run | ms |");
+    println!("|---|---:|");
+    println!(
+        "| `loopx --version` (start-up, no database) | {} |",
+        ms(start_up)
+    );
+    println!(
+        "| `quota should-run` on a one-todo project | {} |",
+        ms(fixed)
+    );
     println!();
     println!(
         "tick / floor: {:.2}x at 0 rows, {:.2}x at {HISTORY} rows (target: within 3x)",
