@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use turn_support::{Project, alive};
+use turn_support::{Project, alive, turn_run};
 
 /// Host: logs "<agent> <todo>", works a little, completes its todo.
 const WORKER: &str = r#"cat >/dev/null
@@ -338,16 +338,7 @@ fn a_waiting_loop_settles_a_crashed_agents_turn() {
     p.add_todo("t1");
     let host = p.script("worker.sh", WORKER);
     let crashed = p
-        .cmd(&[
-            "turn",
-            "run",
-            "--goal-id",
-            "g",
-            "--agent-id",
-            "a1",
-            "--",
-            &host,
-        ])
+        .cmd(&turn_run("a1", &[], &[&host]))
         .env("LOOPX_TEST_CRASH_AFTER", "start")
         .output()
         .unwrap();

@@ -9,7 +9,7 @@ mod turn_support;
 use loopx::kernel::Actor;
 use loopx::kernel::todo::NewTodo;
 use serde_json::Value;
-use turn_support::Project;
+use turn_support::{Project, turn_run};
 
 fn host_printing(p: &Project, result: &str) -> String {
     p.script(
@@ -19,17 +19,7 @@ fn host_printing(p: &Project, result: &str) -> String {
 }
 
 fn turn(p: &Project, host: &str) -> Value {
-    p.json(&[
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a1",
-        "--",
-        host,
-    ])["turn"]
-        .clone()
+    p.json(&turn_run("a1", &[], &[host]))["turn"].clone()
 }
 
 #[test]

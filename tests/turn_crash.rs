@@ -8,7 +8,7 @@ mod turn_support;
 use std::os::unix::process::ExitStatusExt;
 
 use serde_json::Value;
-use turn_support::{Project, result_host};
+use turn_support::{Project, result_host, turn_run};
 
 /// Runs a validated completion turn that dies after `point`; returns the project and turn key.
 fn crashed_turn(point: &str) -> (Project, String) {
@@ -18,18 +18,11 @@ fn crashed_turn(point: &str) -> (Project, String) {
     let host = p.script("host.sh", &result_host("completed"));
     let validator = p.script("validate.sh", "cat > /dev/null\nexit 0\n");
     let out = p
-        .cmd(&[
-            "turn",
-            "run",
-            "--goal-id",
-            "g",
-            "--agent-id",
+        .cmd(&turn_run(
             "a1",
-            "--validate-json",
-            &format!("[\"{validator}\"]"),
-            "--",
-            &host,
-        ])
+            &["--validate-json", &format!("[\"{validator}\"]")],
+            &[&host],
+        ))
         .env("LOOPX_TEST_CRASH_AFTER", point)
         .output()
         .unwrap();
@@ -134,18 +127,11 @@ fn crash_then_recover(point: &str) {
     assert_completed_once(&p, &key);
     // Replaying the key returns the stored result without effects.
     let host = p.file("host.sh");
-    let replay = p.json(&[
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
+    let replay = p.json(&turn_run(
         "a1",
-        "--turn-key",
-        &key,
-        "--",
-        host.to_str().unwrap(),
-    ]);
+        &["--turn-key", &key],
+        &[host.to_str().unwrap()],
+    ));
     assert_eq!(replay["turn"]["replayed"], true);
     assert_eq!(replay["turn"]["kind"], "validated_completion");
     assert_completed_once(&p, &key);
@@ -211,17 +197,11 @@ fn crash_before_host_outcome_settles_host_failure() {
 fn next_turn_run_recovers_first() {
     let (p, key) = crashed_turn("validation");
     let host = p.file("host.sh");
-    let out = p.json(&[
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
+    let out = p.json(&turn_run(
         "a1",
-        "--trust-host-completion",
-        "--",
-        host.to_str().unwrap(),
-    ]);
+        &["--trust-host-completion"],
+        &[host.to_str().unwrap()],
+    ));
     assert_eq!(out["turn"]["recovered_turns"], serde_json::json!([key]));
     assert_eq!(out["turn"]["todo_id"], "t2");
     assert_eq!(out["turn"]["kind"], "validated_completion");
@@ -237,17 +217,11 @@ fn next_turn_run_recovers_first() {
 fn other_agents_settle_orphaned_turns_of_the_goal() {
     let (p, key) = crashed_turn("typed_result");
     let host = p.file("host.sh");
-    let out = p.json(&[
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
+    let out = p.json(&turn_run(
         "a2",
-        "--trust-host-completion",
-        "--",
-        host.to_str().unwrap(),
-    ]);
+        &["--trust-host-completion"],
+        &[host.to_str().unwrap()],
+    ));
     assert_eq!(out["turn"]["recovered_turns"], serde_json::json!([key]));
     let j = p.journal(&key);
     assert_eq!(j["status"], "committed");
@@ -269,16 +243,7 @@ fn recovery_leaves_live_turns_alone() {
         "slow.sh",
         "cat >/dev/null\ntouch started\nsleep 3\nexit 1\n",
     );
-    let a1 = p.spawn(&[
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a1",
-        "--",
-        &slow,
-    ]);
+    let a1 = p.spawn(&turn_run("a1", &[], &[&slow]));
     let t0 = Instant::now();
     while !p.file("started").exists() && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));
@@ -307,16 +272,7 @@ fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
         "host.sh",
         "cat >/dev/null\necho $$ > host.pid\nsleep 60 &\necho $! > child.pid\nsleep 60\n",
     );
-    let mut child = p.spawn(&[
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a1",
-        "--",
-        &host,
-    ]);
+    let mut child = p.spawn(&turn_run("a1", &[], &[&host]));
     let pid_file = p.file("child.pid");
     let t0 = Instant::now();
     while !pid_file.exists() && t0.elapsed() < Duration::from_secs(10) {

@@ -4,7 +4,7 @@
 
 mod turn_support;
 
-use turn_support::Project;
+use turn_support::{Project, turn_run};
 
 fn example(name: &str) -> String {
     format!("{}/examples/hosts/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -19,19 +19,11 @@ fn plain_script_host_completes_with_a_validator() {
         "echo \"built $LOOPX_TODO_ID\" > artifact.txt\necho done\n",
     );
     let check = p.script("check.sh", "cat >/dev/null\ntest -s artifact.txt\n");
-    let out = p.json(&[
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
+    let out = p.json(&turn_run(
         "a1",
-        "--validate-json",
-        &format!("[\"{check}\"]"),
-        "--",
-        &example("plain-script.sh"),
-        &work,
-    ]);
+        &["--validate-json", &format!("[\"{check}\"]")],
+        &[&example("plain-script.sh"), &work],
+    ));
     let t = &out["turn"];
     assert_eq!(t["kind"], "validated_completion", "{t}");
     assert_eq!(p.todo_status("t1"), "completed");
@@ -50,17 +42,7 @@ fn plain_script_host_reports_a_failing_command_as_repair() {
         "work.sh",
         "echo 'error: \"quoted\" \\ and tab\there' >&2\nexit 4\n",
     );
-    let out = p.json(&[
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a1",
-        "--",
-        &example("plain-script.sh"),
-        &work,
-    ]);
+    let out = p.json(&turn_run("a1", &[], &[&example("plain-script.sh"), &work]));
     let t = &out["turn"];
     assert_eq!(t["kind"], "repair_required", "{t}");
     let todo = p.todo("t1");

@@ -6,7 +6,7 @@ mod turn_support;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use turn_support::{Project, alive, result_host};
+use turn_support::{Project, alive, result_host, turn_run};
 
 fn run_turn(p: &Project, host_body: &str, extra: &[&str]) -> Value {
     p.add_todo("t1");
@@ -270,17 +270,7 @@ fn host_can_call_loopx_as_the_lease_holder() {
 fn missing_program_is_host_failure() {
     let p = Project::new();
     p.add_todo("t1");
-    let t = p.json(&[
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a1",
-        "--",
-        "/nonexistent/host",
-    ])["turn"]
-        .clone();
+    let t = p.json(&turn_run("a1", &[], &["/nonexistent/host"]))["turn"].clone();
     assert_failed_cleanly(&p, &t, "host_failure");
     assert!(
         t["detail"].as_str().unwrap().contains("could not start"),

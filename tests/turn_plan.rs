@@ -3,7 +3,7 @@
 
 mod turn_support;
 
-use turn_support::Project;
+use turn_support::{Project, turn_run};
 
 fn plan(p: &Project, agent: &str) -> serde_json::Value {
     p.json(&["turn", "plan", "--goal-id", "g", "--agent-id", agent])["plan"].clone()
@@ -70,16 +70,7 @@ fn routes_follow_the_goal_state() {
 fn a_turn_on_a_non_ready_route_runs_no_host() {
     let p = Project::new();
     let host = p.script("host.sh", "touch ran\n");
-    let out = p.json(&[
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a1",
-        "--",
-        &host,
-    ]);
+    let out = p.json(&turn_run("a1", &[], &[&host]));
     assert_eq!(out["turn"]["route"], "replan_required");
     assert!(out["turn"]["kind"].is_null());
     assert!(out["turn"]["turn_key"].is_null());
@@ -117,18 +108,7 @@ fn named_turn_keys_replay_and_unknown_keys_are_not_found() {
     assert_eq!(p.hosts_log().len(), 1);
     assert_eq!(p.spends(), vec!["turn:deploy-step-1".to_string()]);
     // The key belongs to a1 on g: another agent cannot reuse it.
-    let other = p.run(&[
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a2",
-        "--turn-key",
-        "deploy-step-1",
-        "--",
-        &host,
-    ]);
+    let other = p.run(&turn_run("a2", &["--turn-key", "deploy-step-1"], &[&host]));
     assert_eq!(other.status.code(), Some(4));
     let missing = p.run(&["turn", "inspect", "--turn-key", "turn-nope"]);
     assert_eq!(missing.status.code(), Some(3));

@@ -14,6 +14,15 @@ pub struct Project {
     pub dir: tempfile::TempDir,
 }
 
+/// `turn run --goal-id g --agent-id <agent> <flags> -- <host>`: the argument list of most turn tests.
+pub fn turn_run<'a>(agent: &'a str, flags: &[&'a str], host: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["turn", "run", "--goal-id", "g", "--agent-id", agent];
+    args.extend_from_slice(flags);
+    args.push("--");
+    args.extend_from_slice(host);
+    args
+}
+
 /// A host that prints a valid result with `status` and one evidence line naming the todo, and
 /// appends "<agent> <todo> <turn>" to `hosts.log` (so tests can count executions).
 pub fn result_host(status: &str) -> String {
