@@ -187,31 +187,7 @@ fn wasm_capability_failure_is_writeback_failed() {
         "host.sh",
         "cat >/dev/null\nprintf '{\"schema_version\":\"loopx.turn_result.v1\",\"status\":\"progress\",\"evidence\":[{\"text\":\"x\"}]}'\n",
     );
-    let out = std::process::Command::new(turn_support::BIN)
-        .args([
-            "--root",
-            root,
-            "--format",
-            "json",
-            "turn",
-            "run",
-            "--goal-id",
-            "g",
-            "--agent-id",
-            "a1",
-            "--",
-            &host,
-        ])
-        .env_remove("LOOPX_AGENT_ID")
-        .env_remove("LOOPX_TURN_KEY")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = turn_run_at(root, &host);
     let t = &v["turn"];
     assert_eq!(t["kind"], "writeback_failed", "{t}");
     let detail = t["detail"].as_str().unwrap();
@@ -269,31 +245,7 @@ printf '%s' '{"schema_version":"loopx.turn_result.v1","status":"progress","summa
   "observations":[{"kind":"capability_payload","data":"issue = Parser crashes on empty input\nresults = test-results.txt"}]}'
 "#,
     );
-    let out = std::process::Command::new(turn_support::BIN)
-        .args([
-            "--root",
-            pp.dir.path().to_str().unwrap(),
-            "--format",
-            "json",
-            "turn",
-            "run",
-            "--goal-id",
-            "g",
-            "--agent-id",
-            "a1",
-            "--",
-            &host,
-        ])
-        .env_remove("LOOPX_AGENT_ID")
-        .env_remove("LOOPX_TURN_KEY")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = turn_run_at(pp.dir.path().to_str().unwrap(), &host);
     let turn = &v["turn"];
     assert_eq!(turn["kind"], "validated_progress", "{turn}");
     assert_eq!(turn["spent"], true);
@@ -310,4 +262,23 @@ printf '%s' '{"schema_version":"loopx.turn_result.v1","status":"progress","summa
     assert_eq!(wb["call"]["provider_calls"][0]["outcome"], "ok");
     let (triage, _) = pp.kernel.todo("g", "triage").unwrap();
     assert!(triage.claim.is_none(), "lease released");
+}
+
+/// `turn run` as agent a1 on goal `g` of the project at `root` (a plugin-host project, not a
+/// `turn_support::Project`), required to succeed; its JSON output.
+fn turn_run_at(root: &str, host: &str) -> Value {
+    let mut args = vec!["--root", root, "--format", "json"];
+    args.extend(turn_run("a1", &[], &[host]));
+    let out = std::process::Command::new(turn_support::BIN)
+        .args(&args)
+        .env_remove("LOOPX_AGENT_ID")
+        .env_remove("LOOPX_TURN_KEY")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -283,18 +283,7 @@ fn sigterm_to_loopx_terminates_the_host_and_settles_the_turn() {
     let p = Project::new();
     p.add_todo("t1");
     let host = p.script("host.sh", "cat >/dev/null\necho $$ > host.pid\nsleep 30\n");
-    let child = p.spawn(&[
-        "--format",
-        "json",
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a1",
-        "--",
-        &host,
-    ]);
+    let child = p.spawn(&[&["--format", "json"][..], &turn_run("a1", &[], &[&host])].concat());
     let pid_file = p.file("host.pid");
     let t0 = Instant::now();
     while !pid_file.exists() && t0.elapsed() < Duration::from_secs(10) {
