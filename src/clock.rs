@@ -26,7 +26,8 @@ pub fn rfc3339(ms: i64) -> String {
 pub struct Rfc3339(pub i64);
 
 impl Rfc3339 {
-    fn render(self) -> [u8; 24] {
+    /// The 24 ASCII bytes of the timestamp, for writers that assemble output by hand.
+    pub(crate) fn render(self) -> [u8; 24] {
         let ms = self.0.max(0);
         let (days, ms_of_day) = (ms / 86_400_000, ms % 86_400_000);
         let (year, month, day) = civil_from_days(days);

@@ -44,6 +44,20 @@ pub struct TurnRecord {
     pub updated_at: i64,
 }
 
+/// Where a todo stands in the listing order of [`StoreTx::todos`] (priority, then creation).
+/// Sorting by it puts todos visited by [`StoreTx::for_each_todo`] in that order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TodoOrder {
+    priority_rank: i64,
+    seq: i64,
+}
+
+impl TodoOrder {
+    pub(crate) fn new(priority_rank: i64, seq: i64) -> TodoOrder {
+        TodoOrder { priority_rank, seq }
+    }
+}
+
 /// A backend that can open read snapshots and serialized write transactions.
 pub trait Store {
     /// A consistent read snapshot. Never writes, never takes the write lock.
@@ -71,7 +85,16 @@ pub trait StoreTx {
     fn insert_todo(&self, todo: &Todo) -> Result<()>;
     fn update_todo(&self, todo: &Todo) -> Result<()>;
     fn todo(&self, goal_id: &str, todo_id: &str) -> Result<Option<Todo>>;
+    /// Every todo of a goal, by priority and then creation order.
     fn todos(&self, goal_id: &str) -> Result<Vec<Todo>>;
+    /// Calls `visit` for every todo of a goal in storage order, with its place in the order of
+    /// [`StoreTx::todos`], without collecting them: the `&Todo` is one buffer refilled per row, so
+    /// `refresh-state` renders 1,000 todos per tick without copying each one first.
+    fn for_each_todo(
+        &self,
+        goal_id: &str,
+        visit: &mut dyn FnMut(&Todo, TodoOrder) -> Result<()>,
+    ) -> Result<()>;
     fn todo_count(&self, goal_id: &str) -> Result<i64>;
     /// Agent todos that are claimable at `now` with every dependency terminal, best first
     /// (priority, then creation order). Gates are not considered here.

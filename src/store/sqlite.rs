@@ -12,7 +12,7 @@ use rusqlite::{
 };
 
 use super::migrations::MIGRATIONS;
-use super::{OpRecord, Store, StoreTx, TurnRecord};
+use super::{OpRecord, Store, StoreTx, TodoOrder, TurnRecord};
 use crate::error::{LoopxError, Result, conflict};
 use crate::kernel::model::{
     Claim, Evidence, ExtensionRecord, GateScope, Goal, GoalStatus, LedgerEntry, LedgerKind,
@@ -260,9 +260,67 @@ fn json_col<T: serde::de::DeserializeOwned>(row: &Row, idx: usize) -> rusqlite::
 }
 
 fn todo_from_row(row: &Row) -> rusqlite::Result<Todo> {
-    let claim = match row.get::<_, Option<String>>(11)? {
+    let mut todo = Todo {
+        id: String::new(),
+        goal_id: String::new(),
+        role: Role::Agent,
+        kind: TodoKind::Task,
+        title: String::new(),
+        detail: String::new(),
+        priority: Priority::P2,
+        status: TodoStatus::Open,
+        depends_on: Vec::new(),
+        capability: None,
+        lane: None,
+        gate_scope: None,
+        claim: None,
+        last_fence: 0,
+        status_reason: None,
+        created_at: 0,
+        updated_at: 0,
+    };
+    read_todo_into(row, &mut todo)?;
+    Ok(todo)
+}
+
+/// Decodes a `{TODO_COLUMNS}` row into `todo`, reusing its strings' buffers, so a listing of every
+/// todo can run through one `Todo` without allocating per row. Leaves `depends_on` alone.
+fn read_todo_into(row: &Row, todo: &mut Todo) -> rusqlite::Result<()> {
+    fn text(row: &Row, idx: usize, dst: &mut String) -> rusqlite::Result<()> {
+        dst.clear();
+        dst.push_str(row.get_ref(idx)?.as_str()?);
+        Ok(())
+    }
+    fn optional_text(row: &Row, idx: usize, dst: &mut Option<String>) -> rusqlite::Result<()> {
+        match (row.get_ref(idx)?.as_str_or_null()?, dst.as_mut()) {
+            (None, _) => *dst = None,
+            (Some(value), Some(buf)) => {
+                buf.clear();
+                buf.push_str(value);
+            }
+            (Some(value), None) => *dst = Some(value.to_owned()),
+        }
+        Ok(())
+    }
+    text(row, 0, &mut todo.goal_id)?;
+    text(row, 1, &mut todo.id)?;
+    todo.role = text_enum(row, 2, Role::parse)?;
+    todo.kind = text_enum(row, 3, TodoKind::parse)?;
+    text(row, 4, &mut todo.title)?;
+    text(row, 5, &mut todo.detail)?;
+    todo.priority = Priority::from_rank(row.get(6)?);
+    todo.status = text_enum(row, 7, TodoStatus::parse)?;
+    optional_text(row, 8, &mut todo.capability)?;
+    optional_text(row, 9, &mut todo.lane)?;
+    todo.gate_scope = match row.get_ref(10)?.as_str_or_null()? {
+        Some(text) => Some(serde_json::from_str::<GateScope>(text).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(10, rusqlite::types::Type::Text, Box::new(e))
+        })?),
+        None => None,
+    };
+    todo.claim = match row.get_ref(11)?.as_str_or_null()? {
         Some(agent_id) => Some(Claim {
-            agent_id,
+            agent_id: agent_id.to_owned(),
             fence: row.get(12)?,
             expires_at: row.get(13)?,
             idempotency_key: row.get(14)?,
@@ -270,32 +328,11 @@ fn todo_from_row(row: &Row) -> rusqlite::Result<Todo> {
         }),
         None => None,
     };
-    let gate_scope: Option<String> = row.get(10)?;
-    let gate_scope = match gate_scope {
-        Some(text) => Some(serde_json::from_str::<GateScope>(&text).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(10, rusqlite::types::Type::Text, Box::new(e))
-        })?),
-        None => None,
-    };
-    Ok(Todo {
-        goal_id: row.get(0)?,
-        id: row.get(1)?,
-        role: text_enum(row, 2, Role::parse)?,
-        kind: text_enum(row, 3, TodoKind::parse)?,
-        title: row.get(4)?,
-        detail: row.get(5)?,
-        priority: Priority::from_rank(row.get(6)?),
-        status: text_enum(row, 7, TodoStatus::parse)?,
-        capability: row.get(8)?,
-        lane: row.get(9)?,
-        gate_scope,
-        claim,
-        depends_on: Vec::new(),
-        last_fence: row.get(16)?,
-        status_reason: row.get(17)?,
-        created_at: row.get(18)?,
-        updated_at: row.get(19)?,
-    })
+    todo.last_fence = row.get(16)?;
+    optional_text(row, 17, &mut todo.status_reason)?;
+    todo.created_at = row.get(18)?;
+    todo.updated_at = row.get(19)?;
+    Ok(())
 }
 
 fn goal_from_row(row: &Row) -> rusqlite::Result<Goal> {
@@ -652,16 +689,34 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn todos(&self, goal_id: &str) -> Result<Vec<Todo>> {
-        // Rows come in primary-key order and are sorted here: an `ORDER BY` would make SQLite copy
-        // every full row through its sorter, the largest cost of `refresh-state` at 1,000 todos.
-        // Dependencies are one pass too, not one query per todo.
-        let mut rows = self.query_todos_with_seq(
-            &format!("SELECT {TODO_COLUMNS}, seq FROM todos WHERE goal_id = ?1"),
-            params![goal_id],
-            "listing todos",
-        )?;
-        rows.sort_unstable_by_key(|(t, seq)| (t.priority.rank(), *seq));
-        let mut todos: Vec<Todo> = rows.into_iter().map(|(t, _)| t).collect();
+        let mut rows = Vec::new();
+        self.for_each_todo(goal_id, &mut |todo, order| {
+            rows.push((order, todo.clone()));
+            Ok(())
+        })?;
+        // Sort the keys, then move each todo once: todos are hundreds of bytes each.
+        let mut keys: Vec<(TodoOrder, usize)> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, (order, _))| (*order, i))
+            .collect();
+        keys.sort_unstable();
+        let mut slots: Vec<Option<Todo>> = rows.into_iter().map(|(_, t)| Some(t)).collect();
+        Ok(keys
+            .iter()
+            .map(|&(_, i)| slots[i].take().expect("each index once"))
+            .collect())
+    }
+
+    fn for_each_todo(
+        &self,
+        goal_id: &str,
+        visit: &mut dyn FnMut(&Todo, TodoOrder) -> Result<()>,
+    ) -> Result<()> {
+        // Rows come in primary-key order: an `ORDER BY priority, seq` would copy every full row
+        // through SQLite's sorter, or, along an index, look each row up by its key; either cost
+        // more than reading them as stored and letting the caller order them. Dependencies are
+        // one pass too, not one query per todo.
         let mut deps = self
             .conn
             .prepare_cached("SELECT todo_id, depends_on FROM todo_deps WHERE goal_id = ?1 ORDER BY todo_id, depends_on")
@@ -677,12 +732,29 @@ impl StoreTx for SqliteTx<'_> {
             let (todo_id, dep) = row.map_err(self.err("listing dependencies"))?;
             by_todo.entry(todo_id).or_default().push(dep);
         }
-        for todo in &mut todos {
-            if let Some(d) = by_todo.remove(&todo.id) {
-                todo.depends_on = d;
-            }
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {TODO_COLUMNS}, seq FROM todos WHERE goal_id = ?1"
+            ))
+            .map_err(self.err("listing todos"))?;
+        let mut rows = stmt.query([goal_id]).map_err(self.err("listing todos"))?;
+        let mut current: Option<Todo> = None;
+        while let Some(row) = rows.next().map_err(self.err("listing todos"))? {
+            let todo = match current.as_mut() {
+                Some(todo) => {
+                    read_todo_into(row, todo).map_err(self.err("listing todos"))?;
+                    todo
+                }
+                None => current.insert(todo_from_row(row).map_err(self.err("listing todos"))?),
+            };
+            todo.depends_on = by_todo.remove(&todo.id).unwrap_or_default();
+            let seq = row
+                .get(TODO_COLUMN_COUNT)
+                .map_err(self.err("listing todos"))?;
+            visit(todo, TodoOrder::new(todo.priority.rank(), seq))?;
         }
-        Ok(todos)
+        Ok(())
     }
 
     fn todo_count(&self, goal_id: &str) -> Result<i64> {
@@ -1191,5 +1263,100 @@ impl StoreTx for SqliteTx<'_> {
         stmt.query_map([goal_id], turn_from_row)
             .and_then(|rows| rows.collect())
             .map_err(self.err("listing unsettled turns"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn todo(id: &str, priority: Priority, capability: Option<&str>, claimed: bool) -> Todo {
+        Todo {
+            id: id.into(),
+            goal_id: "g".into(),
+            role: Role::Agent,
+            kind: TodoKind::Task,
+            title: format!("title of {id}"),
+            detail: if claimed {
+                "long detail".into()
+            } else {
+                String::new()
+            },
+            priority,
+            status: if claimed {
+                TodoStatus::Claimed
+            } else {
+                TodoStatus::Open
+            },
+            depends_on: Vec::new(),
+            capability: capability.map(str::to_owned),
+            lane: None,
+            gate_scope: None,
+            claim: claimed.then(|| Claim {
+                agent_id: "a1".into(),
+                fence: 3,
+                expires_at: 9_000,
+                idempotency_key: "k".into(),
+                claimed_at: 1_000,
+            }),
+            last_fence: if claimed { 3 } else { 0 },
+            status_reason: claimed.then(|| "busy".to_owned()),
+            created_at: 5,
+            updated_at: 6,
+        }
+    }
+
+    /// Rows are visited in key order ("t10" before "t9") into one reused `Todo`; `todos()` must
+    /// still come out by priority then creation, and no field may leak from one row to the next.
+    #[test]
+    fn todos_come_in_listing_order_and_reused_rows_do_not_leak() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+        let created = [
+            todo("t9", Priority::P2, Some("cap.a"), true),
+            Todo {
+                depends_on: vec!["t3".into(), "t9".into()],
+                ..todo("t10", Priority::P2, None, false)
+            },
+            todo("t2", Priority::P0, None, false),
+            todo("t1", Priority::P4, Some("cap.b"), false),
+            todo("t3", Priority::P0, None, true),
+        ];
+        {
+            let tx = store.begin_write().unwrap();
+            tx.insert_goal(&Goal {
+                id: "g".into(),
+                title: "G".into(),
+                objective: "o".into(),
+                success_criteria: Vec::new(),
+                status: GoalStatus::Active,
+                project_dir: None,
+                next_probe: None,
+                created_at: 1,
+                updated_at: 1,
+            })
+            .unwrap();
+            for t in &created {
+                tx.insert_todo(t).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        let tx = store.begin_read().unwrap();
+        let listed = tx.todos("g").unwrap();
+        let ids: Vec<&str> = listed.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, ["t2", "t3", "t9", "t10", "t1"]);
+        for t in &listed {
+            let original = created.iter().find(|c| c.id == t.id).unwrap();
+            assert_eq!(t, original, "{} read back exactly", t.id);
+        }
+        let mut visited = Vec::new();
+        tx.for_each_todo("g", &mut |t, order| {
+            visited.push((order, t.clone()));
+            Ok(())
+        })
+        .unwrap();
+        visited.sort_by_key(|(order, _)| *order);
+        let visited: Vec<Todo> = visited.into_iter().map(|(_, t)| t).collect();
+        assert_eq!(visited, listed);
     }
 }
