@@ -664,3 +664,111 @@ fn wasm_commands_run_in_loopx_wasm_beside_the_kernel_binary() {
         "{stderr}"
     );
 }
+
+/// `refresh-state` caches each todo's rendered lines and copies them on later refreshes; every
+/// write of a todo must invalidate its lines. After each change, the todos in `state.json` must
+/// equal a fresh render of the same todos (`todo list`), and STATE.md must list the change.
+#[test]
+fn state_json_matches_a_fresh_render_after_every_change() {
+    let p = Project::new();
+    let g = p.goal("g");
+    let ids: Vec<String> = (0..6)
+        .map(|i| p.add_todo(&g, &format!("todo {i}"), &[]))
+        .collect();
+    let dependent = p.add_todo(
+        &g,
+        "after the first two",
+        &["--depends-on", &ids[0], "--depends-on", &ids[1]],
+    );
+    let check = |label: &str| -> String {
+        p.json(&["refresh-state", "--goal-id", &g]);
+        let state: Value = serde_json::from_str(
+            &std::fs::read_to_string(p.state().join("goals/g/state.json")).unwrap(),
+        )
+        .unwrap();
+        let listed = p.json(&["todo", "list", "--goal-id", &g]);
+        assert_eq!(state["todos"], listed["todos"], "{label}");
+        std::fs::read_to_string(p.state().join("goals/g/STATE.md")).unwrap()
+    };
+    check("first refresh renders every todo and caches the lines");
+    check("second refresh copies the cached lines");
+    p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &ids[1],
+        "--title",
+        "renamed \"quoted\"",
+    ]);
+    p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &ids[2],
+        "--priority",
+        "P0",
+    ]);
+    p.json(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &ids[3],
+        "--agent-id",
+        "a1",
+    ]);
+    p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &ids[0],
+        "--status",
+        "completed",
+        "--evidence",
+        "done",
+    ]);
+    let md = check("changed todos are rendered afresh");
+    assert!(md.contains("renamed \"quoted\""), "{md}");
+    assert!(
+        md.contains(&format!("`{}` (claimed, claimed by a1 fence 1)", ids[3])),
+        "{md}"
+    );
+    assert!(
+        md.contains(&format!("- [x] [P2] todo 0 `{}` (completed)", ids[0])),
+        "{md}"
+    );
+    assert!(
+        md.contains(&format!(
+            "`{dependent}` (open, after {}, {})",
+            ids[0], ids[1]
+        )),
+        "{md}"
+    );
+    let agent_list = md.split("## Agent todos").nth(1).unwrap();
+    assert!(
+        agent_list.find(&ids[2]).unwrap() < agent_list.find(&ids[0]).unwrap(),
+        "a todo raised to P0 moves up: {agent_list}"
+    );
+    check("and the same again from the cache");
+    p.json(&[
+        "todo",
+        "release",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &ids[3],
+        "--agent-id",
+        "a1",
+        "--fence",
+        "1",
+    ]);
+    let md = check("a released claim leaves the lines");
+    assert!(md.contains(&format!("todo 3 `{}` (open)", ids[3])), "{md}");
+}

@@ -23,11 +23,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use super::model::{Evidence, Goal, Role, Run, Todo};
+use super::model::{Evidence, Goal, Role, Run, Todo, TodoStatus};
 use super::{Kernel, quota};
 use crate::clock::{Rfc3339, now_ms, rfc3339};
 use crate::error::{LoopxError, Result};
-use crate::store::{StoreTx, TodoOrder};
+use crate::store::{ProjectedTodo, StoreTx, TodoOrder};
 
 pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
 pub const STATE_SCHEMA: &str = "loopx.goal_state.v1";
@@ -373,11 +373,63 @@ fn run_markdown(run: &Run) -> String {
     md
 }
 
-/// Every todo of a goal rendered once for both goal projections: its compact `state.json` line
-/// and its STATE.md line, in the order the store read them, with the key that puts them in
-/// listing order. Rendering rows as they stream out of the store, then ordering these small
-/// records, is what keeps `refresh-state` cheap at 1,000 todos (no per-todo copies, no sort of
-/// whole rows in SQLite or here).
+/// The format of the todo lines cached in the store (`StoreTx::cache_projected_todo`). Bump it
+/// whenever [`TodoView::write_json`] or [`todo_markdown`] changes what they write: lines cached
+/// in another format are then rendered afresh.
+const TODO_LINES_FORMAT: i64 = 1;
+
+/// Everything a goal's `state.json` and `STATE.md` show, read in one snapshot: `refresh-state`
+/// reads it inside its write transaction (so the files show exactly what it committed, and it can
+/// cache lines it had to render), other writers in a read snapshot.
+pub(crate) struct GoalProjection {
+    goal: Goal,
+    todos: RenderedTodos,
+    evidence: Vec<Evidence>,
+    quota: quota::QuotaView,
+    now: i64,
+}
+
+impl GoalProjection {
+    /// Reads the goal and renders its todos. With `cache_lines` (a write transaction), the lines
+    /// rendered for todos that had none cached are stored for the next refresh.
+    pub(crate) fn read(
+        tx: &dyn StoreTx,
+        goal_id: &str,
+        now: i64,
+        cache_lines: bool,
+    ) -> Result<GoalProjection> {
+        let goal = super::require_goal(tx, goal_id)?;
+        let policy = tx.quota_policy(goal_id)?.unwrap_or_default();
+        let spent = tx.spent_since(goal_id, now - policy.window_ms(), None)?;
+        Ok(GoalProjection {
+            todos: RenderedTodos::read(tx, goal_id, now, cache_lines)?,
+            evidence: tx.recent_evidence(goal_id, 50)?,
+            quota: quota::QuotaView::new(&policy, spent, None),
+            goal,
+            now,
+        })
+    }
+
+    /// Counts of the goal's todos per (role, status), as `StoreTx::todo_status_counts` gives them.
+    pub(crate) fn todo_counts(&self) -> Vec<(String, String, i64)> {
+        let mut counts: std::collections::BTreeMap<(&str, &str), i64> = Default::default();
+        for r in &self.todos.rows {
+            *counts
+                .entry((r.role.as_str(), r.status.as_str()))
+                .or_default() += 1;
+        }
+        counts
+            .into_iter()
+            .map(|((role, status), n)| (role.to_owned(), status.to_owned(), n))
+            .collect()
+    }
+}
+
+/// Every todo of a goal as its compact `state.json` line and its STATE.md line, in the order the
+/// store gave them, with the key that puts them in listing order. Rows stream out of the store
+/// (lines cached there are copied; other todos are decoded into one reused `Todo` and rendered)
+/// and only these small records are sorted: at 1,000 todos, decoding, copying and rendering
+/// every todo was most of `refresh-state`.
 struct RenderedTodos {
     json: Vec<u8>,
     md: String,
@@ -387,29 +439,63 @@ struct RenderedTodos {
 struct RenderedTodo {
     order: TodoOrder,
     role: Role,
+    status: TodoStatus,
     json: std::ops::Range<usize>,
     md: std::ops::Range<usize>,
 }
 
 impl RenderedTodos {
-    fn read(tx: &dyn StoreTx, goal_id: &str, now: i64) -> Result<RenderedTodos> {
+    fn read(tx: &dyn StoreTx, goal_id: &str, now: i64, cache_lines: bool) -> Result<RenderedTodos> {
         let mut out = RenderedTodos {
             json: Vec::with_capacity(64 << 10),
             md: String::with_capacity(16 << 10),
             rows: Vec::new(),
         };
-        tx.for_each_todo(goal_id, &mut |todo, order| {
+        // (todo id, index into rows) of lines rendered here that may be cached: written after
+        // the scan, not while its cursor is open on the same table.
+        let mut to_cache: Vec<(String, usize)> = Vec::new();
+        tx.for_each_projected_todo(goal_id, TODO_LINES_FORMAT, &mut |todo, order| {
             let (json_start, md_start) = (out.json.len(), out.md.len());
-            TodoView::new(todo, now).write_json(&mut out.json);
-            todo_markdown(&mut out.md, todo, now);
+            let (role, status) = match todo {
+                ProjectedTodo::Cached {
+                    role,
+                    status,
+                    json,
+                    md,
+                } => {
+                    out.json.extend_from_slice(json.as_bytes());
+                    out.md.push_str(md);
+                    (role, status)
+                }
+                ProjectedTodo::Uncached(todo) => {
+                    TodoView::new(todo, now).write_json(&mut out.json);
+                    todo_markdown(&mut out.md, todo, now);
+                    if cache_lines && todo.claim.is_none() {
+                        to_cache.push((todo.id.clone(), out.rows.len()));
+                    }
+                    (todo.role, todo.status)
+                }
+            };
             out.rows.push(RenderedTodo {
                 order,
-                role: todo.role,
+                role,
+                status,
                 json: json_start..out.json.len(),
                 md: md_start..out.md.len(),
             });
             Ok(())
         })?;
+        for (todo_id, i) in to_cache {
+            let row = &out.rows[i];
+            let json = std::str::from_utf8(&out.json[row.json.clone()]).expect("JSON is UTF-8");
+            tx.cache_projected_todo(
+                goal_id,
+                &todo_id,
+                TODO_LINES_FORMAT,
+                json,
+                &out.md[row.md.clone()],
+            )?;
+        }
         out.rows.sort_unstable_by_key(|r| r.order);
         Ok(out)
     }
@@ -495,25 +581,19 @@ impl Kernel {
 
     /// Rewrites `goals/<id>/state.json` and `STATE.md` from the database (one read snapshot).
     pub fn write_goal_projection(&mut self, goal_id: &str) -> Result<()> {
-        let json_path = self.paths().goal_state_json(goal_id);
         let now = now_ms();
-        let (goal, todos, evidence, quota) = self.read(|tx| {
-            let goal = super::require_goal(tx, goal_id)?;
-            let policy = tx.quota_policy(goal_id)?.unwrap_or_default();
-            let spent = tx.spent_since(goal_id, now - policy.window_ms(), None)?;
-            Ok((
-                goal,
-                RenderedTodos::read(tx, goal_id, now)?,
-                tx.recent_evidence(goal_id, 50)?,
-                quota::QuotaView::new(&policy, spent, None),
-            ))
-        })?;
-        write_json_projection(&json_path, |w| {
-            write_state_json(w, now, &goal, &todos, &evidence, &quota)
+        let projection = self.read(|tx| GoalProjection::read(tx, goal_id, now, false))?;
+        self.write_goal_files(&projection)
+    }
+
+    /// Writes `state.json` (after checking the file it replaces) and `STATE.md`.
+    pub(crate) fn write_goal_files(&self, p: &GoalProjection) -> Result<()> {
+        write_json_projection(&self.paths().goal_state_json(&p.goal.id), |w| {
+            write_state_json(w, p.now, &p.goal, &p.todos, &p.evidence, &p.quota)
         })?;
         write_atomic(
-            &self.paths().goal_state_md(goal_id),
-            state_markdown(&goal, &todos, &evidence, &quota, now).as_bytes(),
+            &self.paths().goal_state_md(&p.goal.id),
+            state_markdown(&p.goal, &p.todos, &p.evidence, &p.quota, p.now).as_bytes(),
         )
     }
 

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::model::{Evidence, Goal, Reward, Run};
+use super::projection::GoalProjection;
 use super::quota::{QuotaView, view_in_tx};
 use super::{Actor, Kernel, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
@@ -95,7 +96,7 @@ impl Kernel {
         // A damaged state.json is reported before the run is recorded, so the command changes
         // nothing; the check is one `stat` when the file is LoopX's own last write.
         super::projection::check_before_overwrite(&self.paths().goal_state_json(&req.goal_id))?;
-        let run = self.write(|tx| {
+        let (run, projection) = self.write(|tx| {
             require_goal(tx, &req.goal_id)?;
             let now = now_ms();
             let todo = match &req.todo_id {
@@ -107,8 +108,12 @@ impl Kernel {
                 None => Vec::new(),
             };
             let quota = view_in_tx(tx, &req.goal_id, req.agent_id.as_deref(), now)?;
+            // The projection is read in this transaction: the files show exactly what this
+            // command committed, the run's counts come from the same rows, and lines rendered
+            // for changed todos are cached for the next refresh.
+            let projection = GoalProjection::read(tx, &req.goal_id, now, true)?;
             let payload = json!({
-                "todo_counts": counts_json(&tx.todo_status_counts(&req.goal_id)?),
+                "todo_counts": counts_json(&projection.todo_counts()),
                 "todo": todo.as_ref().map(|t| json!({"id": t.id, "title": t.title, "status": t.status})),
                 "evidence": evidence.iter().map(super::projection::evidence_json).collect::<Vec<_>>(),
                 "quota": quota.to_json(),
@@ -135,10 +140,10 @@ impl Kernel {
             };
             tx.insert_run(&run)?;
             log_op(tx, Some(&req.goal_id), actor, "run_record", json!({"run_id": run.id}))?;
-            Ok(run)
+            Ok((run, projection))
         })?;
         self.write_run_report(&run)?;
-        self.write_goal_projection(&req.goal_id)?;
+        self.write_goal_files(&projection)?;
         Ok(run)
     }
 

@@ -2,7 +2,7 @@
 //! `schema_migrations`; a database newer than this binary is refused rather than guessed at.
 
 /// (version, SQL). Append only: never edit a migration that has shipped.
-pub const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2)];
+pub const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3)];
 
 const V1: &str = r#"
 CREATE TABLE goals (
@@ -164,4 +164,14 @@ CREATE INDEX todos_by_role_status ON todos(goal_id, role, status, priority, seq)
 CREATE INDEX todos_by_claim ON todos(goal_id, claim_agent, status, priority, seq);
 CREATE INDEX todos_by_capability ON todos(goal_id, capability);
 CREATE INDEX evidence_by_goal ON evidence(goal_id, id);
+"#;
+
+/// Each todo's rendered `state.json` and STATE.md lines, cached by `refresh-state` with the format
+/// they were rendered in. Every write of a todo clears them (`SqliteTx::write_todo`), so a cached
+/// line is always the current todo's; lines that depend on the time (a claim's liveness) are never
+/// cached.
+const V3: &str = r#"
+ALTER TABLE todos ADD COLUMN view_format INTEGER;
+ALTER TABLE todos ADD COLUMN view_json TEXT;
+ALTER TABLE todos ADD COLUMN view_md TEXT;
 "#;

@@ -12,7 +12,8 @@ pub use sqlite::SqliteStore;
 
 use crate::error::Result;
 use crate::kernel::model::{
-    Evidence, ExtensionRecord, Goal, GoalStatus, LedgerEntry, QuotaPolicy, Reward, Run, Todo,
+    Evidence, ExtensionRecord, Goal, GoalStatus, LedgerEntry, QuotaPolicy, Reward, Role, Run, Todo,
+    TodoStatus,
 };
 
 /// One entry of the operation log: every committed kernel mutation appends exactly one, in the
@@ -58,6 +59,20 @@ impl TodoOrder {
     }
 }
 
+/// A todo as [`StoreTx::for_each_projected_todo`] yields it.
+pub enum ProjectedTodo<'a> {
+    /// Lines cached by [`StoreTx::cache_projected_todo`] in the requested format, still the
+    /// todo's own (it has not been written since).
+    Cached {
+        role: Role,
+        status: TodoStatus,
+        json: &'a str,
+        md: &'a str,
+    },
+    /// No valid cached lines, or lines that depend on the time (a claimed todo): the todo itself.
+    Uncached(&'a Todo),
+}
+
 /// A backend that can open read snapshots and serialized write transactions.
 pub trait Store {
     /// A consistent read snapshot. Never writes, never takes the write lock.
@@ -94,6 +109,23 @@ pub trait StoreTx {
         &self,
         goal_id: &str,
         visit: &mut dyn FnMut(&Todo, TodoOrder) -> Result<()>,
+    ) -> Result<()>;
+    /// Like [`StoreTx::for_each_todo`], but a todo whose projection lines are cached in `format`
+    /// comes as those lines instead of being read and decoded in full.
+    fn for_each_projected_todo(
+        &self,
+        goal_id: &str,
+        format: i64,
+        visit: &mut dyn FnMut(ProjectedTodo<'_>, TodoOrder) -> Result<()>,
+    ) -> Result<()>;
+    /// Caches a todo's rendered projection lines; the next write of the todo clears them.
+    fn cache_projected_todo(
+        &self,
+        goal_id: &str,
+        todo_id: &str,
+        format: i64,
+        json: &str,
+        md: &str,
     ) -> Result<()>;
     fn todo_count(&self, goal_id: &str) -> Result<i64>;
     /// Agent todos that are claimable at `now` with every dependency terminal, best first

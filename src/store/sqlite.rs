@@ -12,7 +12,7 @@ use rusqlite::{
 };
 
 use super::migrations::MIGRATIONS;
-use super::{OpRecord, Store, StoreTx, TodoOrder, TurnRecord};
+use super::{OpRecord, ProjectedTodo, Store, StoreTx, TodoOrder, TurnRecord};
 use crate::error::{LoopxError, Result, conflict};
 use crate::kernel::model::{
     Claim, Evidence, ExtensionRecord, GateScope, Goal, GoalStatus, LedgerEntry, LedgerKind,
@@ -514,6 +514,68 @@ impl SqliteTx<'_> {
         .map_err(self.err(context))
     }
 
+    /// Calls `visit` for each of a goal's todos matching `and_where` (SQL appended to
+    /// `WHERE goal_id = ?1`), in key order, decoded one by one into the same `Todo`, with its
+    /// dependencies (loaded in one pass, not one query per todo) and its listing-order key.
+    /// Rows are read as stored: an `ORDER BY priority, seq` would copy every full row through
+    /// SQLite's sorter, or, along an index, look each row up by its key; both cost more than
+    /// letting the caller order the small keys.
+    fn visit_todos(
+        &self,
+        and_where: &str,
+        params: impl rusqlite::Params,
+        visit: &mut dyn FnMut(&Todo, TodoOrder) -> Result<()>,
+    ) -> Result<()> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {TODO_COLUMNS}, seq FROM todos WHERE goal_id = ?1{and_where}"
+            ))
+            .map_err(self.err("listing todos"))?;
+        let mut rows = stmt.query(params).map_err(self.err("listing todos"))?;
+        let mut current: Option<Todo> = None;
+        let mut deps: Option<std::collections::HashMap<String, Vec<String>>> = None;
+        while let Some(row) = rows.next().map_err(self.err("listing todos"))? {
+            let todo = match current.as_mut() {
+                Some(todo) => {
+                    read_todo_into(row, todo).map_err(self.err("listing todos"))?;
+                    todo
+                }
+                None => current.insert(todo_from_row(row).map_err(self.err("listing todos"))?),
+            };
+            let deps = match &mut deps {
+                Some(deps) => deps,
+                None => deps.insert(self.goal_deps(&todo.goal_id)?),
+            };
+            todo.depends_on = deps.remove(&todo.id).unwrap_or_default();
+            let seq = row
+                .get(TODO_COLUMN_COUNT)
+                .map_err(self.err("listing todos"))?;
+            visit(todo, TodoOrder::new(todo.priority.rank(), seq))?;
+        }
+        Ok(())
+    }
+
+    /// Every dependency of a goal's todos, by todo id.
+    fn goal_deps(&self, goal_id: &str) -> Result<std::collections::HashMap<String, Vec<String>>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT todo_id, depends_on FROM todo_deps WHERE goal_id = ?1 ORDER BY todo_id, depends_on")
+            .map_err(self.err("listing dependencies"))?;
+        let rows = stmt
+            .query_map([goal_id], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
+            .map_err(self.err("listing dependencies"))?;
+        let mut by_todo: std::collections::HashMap<String, Vec<String>> =
+            std::collections::HashMap::new();
+        for row in rows {
+            let (todo_id, dep) = row.map_err(self.err("listing dependencies"))?;
+            by_todo.entry(todo_id).or_default().push(dep);
+        }
+        Ok(by_todo)
+    }
+
     fn write_todo(&self, todo: &Todo, insert: bool) -> Result<()> {
         self.ensure_writable()?;
         let gate_scope = todo.gate_scope.as_ref().map(to_json);
@@ -561,7 +623,8 @@ impl SqliteTx<'_> {
             let sql = "UPDATE todos SET role = ?3, kind = ?4, title = ?5, detail = ?6, priority = ?7, status = ?8, \
                  capability = ?9, lane = ?10, gate_scope = ?11, claim_agent = ?12, claim_fence = ?13, \
                  claim_expires_at = ?14, claim_key = ?15, claimed_at = ?16, last_fence = ?17, status_reason = ?18, \
-                 created_at = ?19, updated_at = ?20 WHERE goal_id = ?1 AND id = ?2";
+                 created_at = ?19, updated_at = ?20, view_format = NULL, view_json = NULL, view_md = NULL \
+                 WHERE goal_id = ?1 AND id = ?2";
             self.conn
                 .prepare_cached(sql)
                 .and_then(|mut s| s.execute(values))
@@ -713,47 +776,65 @@ impl StoreTx for SqliteTx<'_> {
         goal_id: &str,
         visit: &mut dyn FnMut(&Todo, TodoOrder) -> Result<()>,
     ) -> Result<()> {
-        // Rows come in primary-key order: an `ORDER BY priority, seq` would copy every full row
-        // through SQLite's sorter, or, along an index, look each row up by its key; either cost
-        // more than reading them as stored and letting the caller order them. Dependencies are
-        // one pass too, not one query per todo.
-        let mut deps = self
-            .conn
-            .prepare_cached("SELECT todo_id, depends_on FROM todo_deps WHERE goal_id = ?1 ORDER BY todo_id, depends_on")
-            .map_err(self.err("listing dependencies"))?;
-        let mut by_todo: std::collections::HashMap<String, Vec<String>> =
-            std::collections::HashMap::new();
-        let rows = deps
-            .query_map([goal_id], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-            })
-            .map_err(self.err("listing dependencies"))?;
-        for row in rows {
-            let (todo_id, dep) = row.map_err(self.err("listing dependencies"))?;
-            by_todo.entry(todo_id).or_default().push(dep);
-        }
+        self.visit_todos("", params![goal_id], visit)
+    }
+
+    fn for_each_projected_todo(
+        &self,
+        goal_id: &str,
+        format: i64,
+        visit: &mut dyn FnMut(ProjectedTodo<'_>, TodoOrder) -> Result<()>,
+    ) -> Result<()> {
+        // Two scans: the cached lines with the few columns that order and count them, then only
+        // the todos without valid lines, read in full.
         let mut stmt = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT {TODO_COLUMNS}, seq FROM todos WHERE goal_id = ?1"
-            ))
-            .map_err(self.err("listing todos"))?;
-        let mut rows = stmt.query([goal_id]).map_err(self.err("listing todos"))?;
-        let mut current: Option<Todo> = None;
-        while let Some(row) = rows.next().map_err(self.err("listing todos"))? {
-            let todo = match current.as_mut() {
-                Some(todo) => {
-                    read_todo_into(row, todo).map_err(self.err("listing todos"))?;
-                    todo
-                }
-                None => current.insert(todo_from_row(row).map_err(self.err("listing todos"))?),
-            };
-            todo.depends_on = by_todo.remove(&todo.id).unwrap_or_default();
-            let seq = row
-                .get(TODO_COLUMN_COUNT)
-                .map_err(self.err("listing todos"))?;
-            visit(todo, TodoOrder::new(todo.priority.rank(), seq))?;
+            .prepare_cached(
+                "SELECT role, status, view_json, view_md, priority, seq FROM todos \
+                 WHERE goal_id = ?1 AND view_format = ?2 AND claim_agent IS NULL",
+            )
+            .map_err(self.err("listing projected todos"))?;
+        let mut rows = stmt
+            .query(params![goal_id, format])
+            .map_err(self.err("listing projected todos"))?;
+        while let Some(row) = rows.next().map_err(self.err("listing projected todos"))? {
+            let cached = (|| -> rusqlite::Result<_> {
+                Ok((
+                    ProjectedTodo::Cached {
+                        role: text_enum(row, 0, Role::parse)?,
+                        status: text_enum(row, 1, TodoStatus::parse)?,
+                        json: row.get_ref(2)?.as_str()?,
+                        md: row.get_ref(3)?.as_str()?,
+                    },
+                    TodoOrder::new(row.get(4)?, row.get(5)?),
+                ))
+            })()
+            .map_err(self.err("listing projected todos"))?;
+            visit(cached.0, cached.1)?;
         }
+        self.visit_todos(
+            " AND (view_format IS NOT ?2 OR claim_agent IS NOT NULL)",
+            params![goal_id, format],
+            &mut |todo, order| visit(ProjectedTodo::Uncached(todo), order),
+        )
+    }
+
+    fn cache_projected_todo(
+        &self,
+        goal_id: &str,
+        todo_id: &str,
+        format: i64,
+        json: &str,
+        md: &str,
+    ) -> Result<()> {
+        self.ensure_writable()?;
+        self.conn
+            .prepare_cached(
+                "UPDATE todos SET view_format = ?3, view_json = ?4, view_md = ?5 \
+                 WHERE goal_id = ?1 AND id = ?2",
+            )
+            .and_then(|mut s| s.execute(params![goal_id, todo_id, format, json, md]))
+            .map_err(self.err("caching projection lines"))?;
         Ok(())
     }
 
@@ -1270,6 +1351,20 @@ impl StoreTx for SqliteTx<'_> {
 mod tests {
     use super::*;
 
+    fn goal() -> Goal {
+        Goal {
+            id: "g".into(),
+            title: "G".into(),
+            objective: "o".into(),
+            success_criteria: Vec::new(),
+            status: GoalStatus::Active,
+            project_dir: None,
+            next_probe: None,
+            created_at: 1,
+            updated_at: 1,
+        }
+    }
+
     fn todo(id: &str, priority: Priority, capability: Option<&str>, claimed: bool) -> Todo {
         Todo {
             id: id.into(),
@@ -1324,18 +1419,7 @@ mod tests {
         ];
         {
             let tx = store.begin_write().unwrap();
-            tx.insert_goal(&Goal {
-                id: "g".into(),
-                title: "G".into(),
-                objective: "o".into(),
-                success_criteria: Vec::new(),
-                status: GoalStatus::Active,
-                project_dir: None,
-                next_probe: None,
-                created_at: 1,
-                updated_at: 1,
-            })
-            .unwrap();
+            tx.insert_goal(&goal()).unwrap();
             for t in &created {
                 tx.insert_todo(t).unwrap();
             }
@@ -1358,5 +1442,61 @@ mod tests {
         visited.sort_by_key(|(order, _)| *order);
         let visited: Vec<Todo> = visited.into_iter().map(|(_, t)| t).collect();
         assert_eq!(visited, listed);
+    }
+
+    fn visit(tx: &dyn StoreTx, format: i64) -> Vec<(String, Option<String>)> {
+        let mut out = Vec::new();
+        tx.for_each_projected_todo("g", format, &mut |t, _| {
+            out.push(match t {
+                ProjectedTodo::Cached { json, .. } => (json.to_owned(), Some(json.to_owned())),
+                ProjectedTodo::Uncached(t) => (t.id.clone(), None),
+            });
+            Ok(())
+        })
+        .unwrap();
+        out.sort();
+        out
+    }
+
+    /// Lines are served only in the format they were cached in, never for a claimed todo, and
+    /// never after the todo is written again.
+    #[test]
+    fn cached_lines_are_served_only_while_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+        let tx = store.begin_write().unwrap();
+        tx.insert_goal(&goal()).unwrap();
+        tx.insert_todo(&todo("t1", Priority::P1, None, false))
+            .unwrap();
+        tx.insert_todo(&todo("t2", Priority::P1, None, true))
+            .unwrap();
+        assert_eq!(
+            visit(&*tx, 1),
+            [("t1".to_owned(), None), ("t2".to_owned(), None)]
+        );
+        tx.cache_projected_todo("g", "t1", 1, "J1", "M1").unwrap();
+        tx.cache_projected_todo("g", "t2", 1, "J2", "M2").unwrap();
+        assert_eq!(
+            visit(&*tx, 1),
+            [
+                ("J1".to_owned(), Some("J1".to_owned())),
+                ("t2".to_owned(), None)
+            ],
+            "t1 cached; t2 is claimed, so its lines depend on the time"
+        );
+        assert_eq!(
+            visit(&*tx, 2),
+            [("t1".to_owned(), None), ("t2".to_owned(), None)],
+            "another format renders afresh"
+        );
+        let mut t1 = tx.todo("g", "t1").unwrap().unwrap();
+        t1.title = "changed".into();
+        tx.update_todo(&t1).unwrap();
+        assert_eq!(
+            visit(&*tx, 1),
+            [("t1".to_owned(), None), ("t2".to_owned(), None)],
+            "a write clears the lines"
+        );
+        tx.commit().unwrap();
     }
 }
