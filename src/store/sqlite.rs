@@ -877,7 +877,7 @@ impl StoreTx for SqliteTx<'_> {
         let context = "selecting ready todos";
         let mut rows = self.query_todos_with_seq(&open, params![goal_id], context)?;
         rows.extend(self.query_todos_with_seq(&expired, params![goal_id, now], context)?);
-        rows.sort_unstable_by_key(|(t, seq)| (t.priority.rank(), *seq));
+        rows.sort_unstable_by_key(|(t, seq)| TodoOrder::new(t.priority.rank(), *seq));
         rows.truncate(limit);
         self.with_deps(rows.into_iter().map(|(t, _)| t).collect())
     }
