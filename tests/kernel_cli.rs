@@ -757,6 +757,16 @@ fn state_json_matches_a_fresh_render_after_every_change() {
         "a todo raised to P0 moves up: {agent_list}"
     );
     check("and the same again from the cache");
+    let refresh = p.json(&["refresh-state", "--goal-id", &g]);
+    let report: Value = serde_json::from_str(
+        &std::fs::read_to_string(refresh["json_path"].as_str().unwrap()).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        report["payload"]["todo_counts"],
+        serde_json::json!({"agent": {"claimed": 1, "completed": 1, "open": 5}}),
+        "the run counts the same rows the projection shows"
+    );
     p.json(&[
         "todo",
         "release",
