@@ -67,9 +67,10 @@ fn stamp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.stamp"))
 }
 
+/// Length, modification time and inode, each zero-padded to a fixed width (see [`write_stamp`]).
 fn stamp_of(meta: &std::fs::Metadata) -> String {
     format!(
-        "{} {}.{:09} {}",
+        "{:020} {:020}.{:09} {:020}",
         meta.len(),
         meta.mtime(),
         meta.mtime_nsec(),
@@ -87,36 +88,35 @@ fn write_json_projection(
     fill: impl FnOnce(&mut ProjectionWriter) -> std::io::Result<()>,
 ) -> Result<()> {
     check_before_overwrite(path)?;
-    // The stamp is emptied before the projection is replaced and written after, in place: an
-    // empty, torn or stale stamp only makes the next writer parse. It is never replaced by a new
-    // file, because every file created costs an inode allocation, which on ext4 without a journal
-    // scans past every recently deleted inode (a tenth of `refresh-state` in a tight tick loop).
-    let stamp_file = stamp_path(path);
-    let open_stamp = || {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&stamp_file)
-    };
-    let stamp_err = |e| LoopxError::internal(format!("writing {}", stamp_file.display()), e);
-    let mut stamp = match open_stamp() {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let dir = path.parent().expect("projection paths have a parent");
-            std::fs::create_dir_all(dir)
-                .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
-            open_stamp()
-        }
-        opened => opened,
-    }
-    .map_err(stamp_err)?;
     write_atomic_with(path, fill)?;
     // Renaming keeps the inode and modification time: this is the stat of our write.
     let meta = std::fs::metadata(path)
         .map_err(|e| LoopxError::internal(format!("reading {}", path.display()), e))?;
-    stamp
-        .write_all(stamp_of(&meta).as_bytes())
-        .map_err(stamp_err)
+    write_stamp(&stamp_path(path), stamp_of(&meta).as_bytes())
+}
+
+/// Overwrites the stamp file in place. A stamp left stale by a crash between the rename and this
+/// write cannot match the new projection: it names the old inode, which was still alive when the
+/// new file's inode was allocated. A torn stamp matches nothing. So the stamp is neither replaced
+/// by a new file (every file created costs an inode allocation, which on ext4 without a journal
+/// scans past every recently deleted inode) nor truncated: truncating a file to zero makes ext4
+/// start writing it back on close (`auto_da_alloc`), and the next truncation waits for that write,
+/// 0.5 ms per `refresh-state`. Stamps have a fixed width, so the new one covers the old.
+fn write_stamp(stamp_file: &Path, stamp: &[u8]) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let stamp_err = |e| LoopxError::internal(format!("writing {}", stamp_file.display()), e);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(stamp_file)
+        .map_err(stamp_err)?;
+    file.write_all_at(stamp, 0).map_err(stamp_err)?;
+    // Only a stamp longer than ours (damaged, or written by hand) needs cutting.
+    if file.metadata().map_err(stamp_err)?.len() > stamp.len() as u64 {
+        file.set_len(stamp.len() as u64).map_err(stamp_err)?;
+    }
+    Ok(())
 }
 
 /// Writes `bytes` to `path` atomically (see [`write_atomic_with`]).
@@ -710,6 +710,21 @@ fn state_markdown(
 mod tests {
     use super::*;
     use crate::kernel::model::{Claim, GateScope, Priority, TodoKind, TodoStatus};
+
+    #[test]
+    fn write_stamp_is_rewritten_in_place_and_covers_a_longer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let stamp = stamp_path(&path);
+        std::fs::write(&stamp, [b'9'; 200]).unwrap();
+        let stamp_inode = std::fs::metadata(&stamp).unwrap().ino();
+        for content in [&b"{}"[..], b"{\"a\": 1}", b"[]"] {
+            write_json_projection(&path, |w| w.write_all(content)).unwrap();
+            let written = std::fs::metadata(&path).unwrap();
+            assert_eq!(read_stamp(&path), Some(stamp_of(&written)));
+            assert_eq!(std::fs::metadata(&stamp).unwrap().ino(), stamp_inode);
+        }
+    }
 
     fn todo() -> Todo {
         Todo {
