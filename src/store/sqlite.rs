@@ -460,9 +460,10 @@ fn to_json<T: serde::Serialize>(value: &T) -> String {
 }
 
 impl SqliteTx<'_> {
-    fn err(&self, context: &str) -> impl FnOnce(rusqlite::Error) -> LoopxError + '_ {
-        let context = context.to_string();
-        move |e| map_err(self.path, &context, e)
+    /// The error mapping for one call site. The context is static, so mapping costs nothing
+    /// until an error happens: row loops call this once per row.
+    fn err(&self, context: &'static str) -> impl FnOnce(rusqlite::Error) -> LoopxError + '_ {
+        move |e| map_err(self.path, context, e)
     }
 
     fn ensure_writable(&self) -> Result<()> {
@@ -499,7 +500,7 @@ impl SqliteTx<'_> {
         &self,
         sql: &str,
         params: impl rusqlite::Params,
-        context: &str,
+        context: &'static str,
     ) -> Result<Vec<Todo>> {
         let mut stmt = self.conn.prepare_cached(sql).map_err(self.err(context))?;
         let todos: Vec<Todo> = stmt
@@ -515,7 +516,7 @@ impl SqliteTx<'_> {
         &self,
         sql: &str,
         params: impl rusqlite::Params,
-        context: &str,
+        context: &'static str,
     ) -> Result<Vec<(Todo, i64)>> {
         let mut stmt = self.conn.prepare_cached(sql).map_err(self.err(context))?;
         stmt.query_map(params, |r| {
@@ -796,21 +797,29 @@ impl StoreTx for SqliteTx<'_> {
         format: i64,
         visit: &mut dyn FnMut(ProjectedTodo<'_>, TodoOrder) -> Result<()>,
     ) -> Result<()> {
-        // Two scans: the cached lines with the few columns that order and count them, then only
-        // the todos without valid lines, read in full.
+        // One scan over the few columns that order and count the todos and carry their cached
+        // lines; the todos without valid lines (in a tick, the one just completed and the
+        // claimed ones) are then read in full by key. A second scan filtered on the cache
+        // columns would walk every row again to find those few.
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT role, status, view_json, view_md, priority, seq FROM todos \
-                 WHERE goal_id = ?1 AND view_format = ?2 AND claim_agent IS NULL",
+                "SELECT role, status, view_json, view_md, priority, seq, id, \
+                 view_format IS ?2 AND claim_agent IS NULL AND view_json IS NOT NULL \
+                 AND view_md IS NOT NULL FROM todos WHERE goal_id = ?1",
             )
             .map_err(self.err("listing projected todos"))?;
         let mut rows = stmt
             .query(params![goal_id, format])
             .map_err(self.err("listing projected todos"))?;
+        let mut uncached: Vec<String> = Vec::new();
         while let Some(row) = rows.next().map_err(self.err("listing projected todos"))? {
             let cached = (|| -> rusqlite::Result<_> {
-                Ok((
+                if !row.get::<_, bool>(7)? {
+                    uncached.push(row.get(6)?);
+                    return Ok(None);
+                }
+                Ok(Some((
                     ProjectedTodo::Cached {
                         role: text_enum(row, 0, Role::parse)?,
                         status: text_enum(row, 1, TodoStatus::parse)?,
@@ -818,14 +827,19 @@ impl StoreTx for SqliteTx<'_> {
                         md: row.get_ref(3)?.as_str()?,
                     },
                     TodoOrder::new(row.get(4)?, row.get(5)?),
-                ))
+                )))
             })()
             .map_err(self.err("listing projected todos"))?;
-            visit(cached.0, cached.1)?;
+            if let Some((todo, order)) = cached {
+                visit(todo, order)?;
+            }
+        }
+        if uncached.is_empty() {
+            return Ok(());
         }
         self.visit_todos(
-            " AND (view_format IS NOT ?2 OR claim_agent IS NOT NULL)",
-            params![goal_id, format],
+            " AND id IN (SELECT value FROM json_each(?2))",
+            params![goal_id, to_json(&uncached)],
             &mut |todo, order| visit(ProjectedTodo::Uncached(todo), order),
         )
     }
