@@ -76,6 +76,20 @@ fn infinite_loop_is_stopped_by_the_deadline() {
 }
 
 #[test]
+fn sleep_inside_a_wasi_call_is_cut_at_the_deadline() {
+    // Epoch interruption only stops running wasm; a guest blocked in a host call (here a
+    // monotonic-clock wait) must still come back by its deadline.
+    let mut p = setup("deadline_ms = 300", "");
+    let started = std::time::Instant::now();
+    expect_failure(&mut p, "sleep 60000", "deadline", &["300 ms"]);
+    assert!(
+        started.elapsed().as_secs() < 10,
+        "deadline took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn fuel_burn_is_stopped_by_fuel() {
     let mut p = setup("fuel = 5_000_000\ndeadline_ms = 30000", "");
     expect_failure(&mut p, "loop", "fuel_exhausted", &["5000000"]);

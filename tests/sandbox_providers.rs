@@ -13,6 +13,11 @@ use plugin_support::{Project, extension, wasm};
 /// A project with a `granted/` directory (holding `ok.txt` and a symlink `link` to `../secret.txt`)
 /// and the probe provider installed as `probe/p` with `grants`.
 fn setup(permissions: &[&str], grants: &[&str]) -> (Project, PathBuf) {
+    setup_with_limits(permissions, grants, "")
+}
+
+/// [`setup`] with `[provides.limits]` set to `limits`.
+fn setup_with_limits(permissions: &[&str], grants: &[&str], limits: &str) -> (Project, PathBuf) {
     let mut p = Project::new();
     let root = p.dir.path().to_path_buf();
     let granted = root.join("granted");
@@ -29,7 +34,7 @@ fn setup(permissions: &[&str], grants: &[&str]) -> (Project, PathBuf) {
         &wasm("probe-provider"),
         permissions,
         "",
-        "",
+        limits,
     );
     let grants: Vec<String> = grants
         .iter()
@@ -158,4 +163,23 @@ fn write_grant_allows_writes_inside_only() {
     );
     refused(&mut p, "write", "/data/../escaped.txt");
     assert!(!p.dir.path().join("escaped.txt").exists());
+}
+
+#[test]
+fn sleeping_provider_returns_by_its_deadline() {
+    let (mut p, _) = setup_with_limits(
+        &["fs.read:data"],
+        &["fs.read:data=$GRANTED"],
+        "deadline_ms = 300",
+    );
+    let (obs, _) = call_provider(&mut p.kernel, &p.host, "probe/p", &req("sleep", "20")).unwrap();
+    assert_eq!(obs.summary, "slept 20 ms");
+    let started = std::time::Instant::now();
+    let err = refused(&mut p, "sleep", "60000");
+    assert_eq!(err.plugin_kind, Some("deadline"), "{}", err.error);
+    assert!(
+        started.elapsed().as_secs() < 10,
+        "the provider held the host for {:?}",
+        started.elapsed()
+    );
 }

@@ -13,8 +13,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::component::{Component, HasData, HasSelf, Linker, Resource, ResourceTable};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::clocks::WasiClocksCtxView;
+use wasmtime_wasi::p2::DynPollable;
+use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::kernel::transition::{MAX_PROPOSAL_TEXT, MAX_PROPOSALS_PER_CALL, Transition};
@@ -40,6 +43,10 @@ pub const MAX_OBSERVATION_TEXT: usize = 8 * 1024;
 pub(crate) struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
+    /// When the call's wall-clock deadline passes; clock waits are cut short here.
+    deadline: Instant,
+    /// Set when the guest asked for a clock wait that would outlast the deadline.
+    wait_cut: bool,
     limits: StoreLimits,
     plugin: String,
     logs: LogBuffer,
@@ -192,9 +199,20 @@ pub struct CallReport {
 }
 
 fn linker(engine: &Engine, kind: Kind) -> PluginResult<Linker<HostState>> {
-    let mut linker = Linker::new(engine);
+    let mut linker = Linker::<HostState>::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
         .map_err(|e| PluginError::host("linking WASI", e))?;
+    linker.allow_shadowing(true);
+    monotonic_clock::add_to_linker::<_, DeadlineClock>(&mut linker, |s| DeadlineClockView {
+        deadline: s.deadline,
+        wait_cut: &mut s.wait_cut,
+        clocks: WasiClocksCtxView {
+            ctx: s.wasi.clocks(),
+            table: &mut s.table,
+        },
+    })
+    .map_err(|e| PluginError::host("linking the deadline clock", e))?;
+    linker.allow_shadowing(false);
     match kind {
         Kind::Capability => cap::Capability::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s),
         Kind::Provider => prov::Provider::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s),
@@ -216,6 +234,71 @@ fn shared_linker(engine: &Engine, kind: Kind) -> PluginResult<&'static Linker<Ho
     }
     let l = linker(engine, kind)?;
     Ok(cell.get_or_init(|| l))
+}
+
+/// `wasi:clocks/monotonic-clock` with every wait cut short at the call's deadline. The epoch
+/// deadline only stops running wasm: a guest blocked in a host call (`thread::sleep`, a `poll` on a
+/// clock) would otherwise hold the host for as long as it asked. Once the wait returns, the next
+/// epoch check in the guest traps with `Deadline`, and a call that had a wait cut and returns
+/// after its deadline anyway (before any epoch check) fails with `Deadline` too ([`deadline_held`]).
+/// The clock's readings are WASI's own (frozen for capabilities); only the waits change.
+struct DeadlineClock;
+
+impl HasData for DeadlineClock {
+    type Data<'a> = DeadlineClockView<'a>;
+}
+
+struct DeadlineClockView<'a> {
+    deadline: Instant,
+    wait_cut: &'a mut bool,
+    clocks: WasiClocksCtxView<'a>,
+}
+
+impl DeadlineClockView<'_> {
+    fn capped(&mut self, nanos: u64) -> u64 {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let left = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX);
+        if nanos > left {
+            *self.wait_cut = true;
+        }
+        nanos.min(left)
+    }
+}
+
+/// Fails a call that returned after its deadline with a clock wait cut short: the guest may have
+/// reached its return before any epoch check noticed the time.
+fn deadline_held<R>(store: &Store<HostState>, raw: wasmtime::Result<R>) -> wasmtime::Result<R> {
+    let state = store.data();
+    if raw.is_ok() && state.wait_cut && Instant::now() >= state.deadline {
+        return Err(wasmtime::Trap::Interrupt.into());
+    }
+    raw
+}
+
+impl monotonic_clock::Host for DeadlineClockView<'_> {
+    fn now(&mut self) -> wasmtime::Result<monotonic_clock::Instant> {
+        self.clocks.now()
+    }
+
+    fn resolution(&mut self) -> wasmtime::Result<monotonic_clock::Duration> {
+        self.clocks.resolution()
+    }
+
+    fn subscribe_instant(
+        &mut self,
+        when: monotonic_clock::Instant,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        let wait = when.saturating_sub(self.clocks.now()?);
+        self.subscribe_duration(wait)
+    }
+
+    fn subscribe_duration(
+        &mut self,
+        wait: monotonic_clock::Duration,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        let wait = self.capped(wait);
+        self.clocks.subscribe_duration(wait)
+    }
 }
 
 /// Fixed clocks for capabilities: proposals must not depend on time.
@@ -363,6 +446,8 @@ impl LoadedPlugin {
         let state = HostState {
             wasi: b.build(),
             table: ResourceTable::new(),
+            deadline: Instant::now() + Duration::from_millis(self.limits.deadline_ms),
+            wait_cut: false,
             limits,
             plugin: self.label.clone(),
             logs: logs.clone(),
@@ -415,7 +500,7 @@ impl LoadedPlugin {
                 .instantiate(&mut store)
                 .and_then(|i| i.call_describe(&mut store)),
         };
-        let result = result
+        let result = deadline_held(&store, result)
             .map(bindings::info_from_wit)
             .map_err(|e| classify(&self.label, &self.call_limits(), e));
         self.finish(&store, started, &logs, &mut report, true);
@@ -470,6 +555,7 @@ impl LoadedPlugin {
         let raw = pre
             .instantiate(&mut store)
             .and_then(|i| i.call_propose(&mut store, &wit_input));
+        let raw = deadline_held(&store, raw);
         self.finish(&store, started, &logs, &mut report, true);
         let broker = store.data_mut().broker.take();
         if let Some(b) = &broker {
@@ -573,6 +659,7 @@ impl LoadedPlugin {
         let raw = pre
             .instantiate(&mut store)
             .and_then(|i| i.call_observe(&mut store, &wit_req));
+        let raw = deadline_held(&store, raw);
         self.finish(&store, started, logs, &mut report, drain);
         let result = match raw {
             Err(e) => Err(classify(&self.label, &self.call_limits(), e)),

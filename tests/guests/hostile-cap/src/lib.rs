@@ -50,6 +50,12 @@ impl Guest for HostileCap {
                         n = std::hint::black_box(n.wrapping_add(1));
                     }
                 }
+                "sleep" => {
+                    // Blocks inside a WASI host call, where no epoch check can stop it.
+                    let ms: u64 = arg.parse().unwrap_or(60_000);
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                    out.push(Transition::NoChange(format!("slept {ms} ms")));
+                }
                 "grow" => {
                     let mut keep: Vec<Vec<u8>> = Vec::new();
                     loop {

@@ -1,7 +1,8 @@
 //! A provider that tries whatever its request says, for the sandbox test suite.
 //!
 //! `read PATH`, `write PATH`, `env NAME`, `list DIR`: each is attempted with plain `std`, so the test
-//! proves the refusal comes from the host's WASI grants, not from the guest being polite.
+//! proves the refusal comes from the host's WASI grants, not from the guest being polite. `sleep MS`
+//! blocks in a WASI clock wait, to prove the call's deadline still holds there.
 
 wit_bindgen::generate!({ world: "provider", path: "../../../wit" });
 
@@ -24,7 +25,13 @@ impl Guest for Probe {
             name: "probe".into(),
             version: env!("CARGO_PKG_VERSION").into(),
             description: "attempts reads, writes and env lookups".into(),
-            operations: vec!["read".into(), "write".into(), "env".into(), "list".into()],
+            operations: vec![
+                "read".into(),
+                "write".into(),
+                "env".into(),
+                "list".into(),
+                "sleep".into(),
+            ],
         }
     }
 
@@ -53,6 +60,11 @@ impl Guest for Probe {
                     )
                 })
                 .map_err(|e| PluginError::Denied(format!("list {t}: {e}"))),
+            "sleep" => {
+                let ms: u64 = t.parse().unwrap_or(60_000);
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                Ok(obs("sleep", format!("slept {ms} ms"), String::new()))
+            }
             other => Err(PluginError::InvalidInput(format!(
                 "unknown operation {other}"
             ))),
