@@ -2,15 +2,17 @@
 //! `refresh-state`, `quota spend-slot`, each a fresh `loopx` process, on a goal with 1,000 todos and
 //! either 0 or 100,000 history rows. Beside it, in the same run, the physical floor: a process
 //! spawn and an fsync on the same disk, and the part of every command that does not depend on the
-//! goal's size (start-up alone, and should-run on a one-todo project). Run with
-//! `cargo bench --bench tick`.
+//! goal's size (start-up alone, should-run on a one-todo project, and a process that only opens
+//! the store and reads one row). Run with `cargo bench --bench tick`.
 
 mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::{fsync_floor, loopx, manual_tick, median, seed, spawn_floor};
+use support::{
+    fsync_floor, loopx, manual_tick, median, seed, serve_store_floor, spawn_floor, store_floor,
+};
 
 const TODOS: usize = 1_000;
 const HISTORY: usize = 100_000;
@@ -42,6 +44,7 @@ fn tick_rounds(dir: &Path) -> Tick {
 }
 
 fn main() {
+    serve_store_floor();
     let base = std::env::var_os("LOOPX_BENCH_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
@@ -71,6 +74,7 @@ fn main() {
 
     let spawn = spawn_floor(ROUNDS * 2);
     let fsync = fsync_floor(full.path(), ROUNDS * 2);
+    let store = store_floor(full.path(), ROUNDS * 2);
     let a = tick_rounds(empty.path());
     let b = tick_rounds(full.path());
     let floor = spawn * 5 + fsync * 4;
@@ -117,10 +121,24 @@ fn main() {
         "| `quota should-run` on a one-todo project | {} |",
         ms(fixed)
     );
+    println!(
+        "| a process that only opens the store and reads one row | {} |",
+        ms(store)
+    );
     println!();
     println!(
         "tick / floor: {:.2}x at 0 rows, {:.2}x at {HISTORY} rows (target: within 3x)",
         ta.as_secs_f64() / floor.as_secs_f64(),
         tb.as_secs_f64() / floor.as_secs_f64()
+    );
+    // Five processes that each only open the store, plus the four commits' fsyncs: the least a
+    // five-process tick over SQLite can cost, before any command does its work.
+    let store_ticks = store * 5 + fsync * 4;
+    println!(
+        "5 store-opening processes + 4 fsyncs: {} ms = {:.2}x the floor; tick / that: {:.2}x at 0 rows, {:.2}x at {HISTORY} rows",
+        ms(store_ticks),
+        store_ticks.as_secs_f64() / floor.as_secs_f64(),
+        ta.as_secs_f64() / store_ticks.as_secs_f64(),
+        tb.as_secs_f64() / store_ticks.as_secs_f64()
     );
 }

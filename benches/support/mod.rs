@@ -74,21 +74,27 @@ pub fn seed(dir: &Path, todos: usize, history: usize) -> Kernel {
     k
 }
 
-/// One `loopx` process, timed from spawn to exit.
-pub fn loopx(dir: &Path, args: &[&str]) -> Duration {
+/// Runs `cmd` to completion, capturing its output, and returns the time from spawn to exit. Every
+/// process a benchmark times, the floors included, goes through here, so all pay the same spawn.
+fn timed(cmd: &mut Command) -> Duration {
     let start = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_loopx"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
+    let out = cmd.output().unwrap();
     let took = start.elapsed();
     assert!(
         out.status.success(),
-        "{args:?}: {}",
+        "{cmd:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     took
+}
+
+/// One `loopx` process, timed from spawn to exit.
+pub fn loopx(dir: &Path, args: &[&str]) -> Duration {
+    timed(
+        Command::new(env!("CARGO_BIN_EXE_loopx"))
+            .args(args)
+            .current_dir(dir),
+    )
 }
 
 /// The seeds' tick as five processes, round `r` working todo `t{r+1}` as agent `bench-{r}`:
@@ -157,11 +163,33 @@ pub fn manual_tick(dir: &Path, r: usize) -> [Duration; 5] {
 pub fn spawn_floor(rounds: usize) -> Duration {
     median(
         (0..rounds)
-            .map(|_| {
-                let s = Instant::now();
-                Command::new("true").status().unwrap();
-                s.elapsed()
-            })
+            .map(|_| timed(&mut Command::new("true")))
+            .collect(),
+    )
+}
+
+/// Set in the environment of a bench binary re-executed by [`store_floor`].
+const OPEN_STORE_ONLY: &str = "LOOPX_BENCH_OPEN_STORE_ONLY";
+
+/// In a process started by [`store_floor`]: opens the store, reads one goal and exits. Call first
+/// thing in a bench's `main`.
+pub fn serve_store_floor() {
+    if let Some(dir) = std::env::var_os(OPEN_STORE_ONLY) {
+        let mut kernel = Kernel::open(ProjectPaths::at(Path::new(&dir))).unwrap();
+        let goal = kernel.read(|tx| tx.goal("bench")).unwrap();
+        assert!(goal.is_some(), "no goal `bench` in {dir:?}");
+        std::process::exit(0);
+    }
+}
+
+/// Median of a process that opens the project's store, reads one row and exits: what every
+/// command pays before its own work, because each is a new process that opens SQLite afresh
+/// (WAL index rebuilt from the WAL, schema parsed). This bench binary re-executes itself.
+pub fn store_floor(dir: &Path, rounds: usize) -> Duration {
+    let exe = std::env::current_exe().unwrap();
+    median(
+        (0..rounds)
+            .map(|_| timed(Command::new(&exe).env(OPEN_STORE_ONLY, dir)))
             .collect(),
     )
 }
