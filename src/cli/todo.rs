@@ -268,7 +268,7 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
         TodoCommand::Show { goal_id, todo_id } => {
             let (todo, evidence) = kernel.todo(&goal_id, &todo_id)?;
             let mut out = todo_output("Todo", &todo);
-            out.value["evidence"] = evidence.iter().map(evidence_json).collect();
+            out.value["evidence"] = json!(evidence.iter().map(evidence_json).collect::<Vec<_>>());
             let rows = evidence
                 .iter()
                 .map(|e| vec![rfc3339(e.created_at), e.actor.clone(), e.text.clone()])

@@ -27,7 +27,7 @@ use super::model::{Evidence, Goal, Role, Run, Todo, TodoStatus};
 use super::{Kernel, quota};
 use crate::clock::{Rfc3339, now_ms, rfc3339};
 use crate::error::{LoopxError, Result};
-use crate::store::{ProjectedTodo, StoreTx, TodoOrder};
+use crate::store::{ProjectedTodo, StoreTx, TodoLines, TodoOrder};
 
 pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
 pub const STATE_SCHEMA: &str = "loopx.goal_state.v1";
@@ -333,16 +333,30 @@ pub fn goal_json(goal: &Goal) -> Value {
     })
 }
 
-pub fn evidence_json(e: &Evidence) -> Value {
-    json!({
-        "todo_id": e.todo_id,
-        "text": e.text,
-        "artifact_path": e.artifact_path,
-        "artifact_digest": e.artifact_digest,
-        "run_id": e.run_id,
-        "actor": e.actor,
-        "created_at": rfc3339(e.created_at),
-    })
+/// The wire shape of one evidence item, serialized straight from the record: `state.json` carries
+/// the goal's 50 most recent on every refresh. Keys are in alphabetical order, the order they had
+/// as a `serde_json` object.
+#[derive(serde::Serialize)]
+pub struct EvidenceView<'a> {
+    actor: &'a str,
+    artifact_digest: Option<&'a str>,
+    artifact_path: Option<&'a str>,
+    created_at: Rfc3339,
+    run_id: Option<&'a str>,
+    text: &'a str,
+    todo_id: &'a str,
+}
+
+pub fn evidence_json(e: &Evidence) -> EvidenceView<'_> {
+    EvidenceView {
+        actor: &e.actor,
+        artifact_digest: e.artifact_digest.as_deref(),
+        artifact_path: e.artifact_path.as_deref(),
+        created_at: Rfc3339(e.created_at),
+        run_id: e.run_id.as_deref(),
+        text: &e.text,
+        todo_id: &e.todo_id,
+    }
 }
 
 pub fn run_json(run: &Run) -> Value {
@@ -389,7 +403,7 @@ fn run_markdown(run: &Run) -> String {
 /// The format of the todo lines cached in the store (`StoreTx::cache_projected_todo`). Bump it
 /// whenever [`TodoView::write_json`] or [`todo_markdown`] changes what they write: lines cached
 /// in another format are then rendered afresh.
-const TODO_LINES_FORMAT: i64 = 1;
+const TODO_LINES_FORMAT: i64 = 2;
 
 /// Everything a goal's `state.json` and `STATE.md` show, read in one snapshot: `refresh-state`
 /// reads it inside its write transaction (so the files show exactly what it committed, and it can
@@ -425,28 +439,34 @@ impl GoalProjection {
 
     /// Counts of the goal's todos per (role, status), as `StoreTx::todo_status_counts` gives them.
     pub(crate) fn todo_counts(&self) -> Vec<(String, String, i64)> {
-        let mut counts: std::collections::BTreeMap<(&str, &str), i64> = Default::default();
+        let mut counts = [[0i64; TodoStatus::ALL.len()]; Role::ALL.len()];
         for r in &self.todos.rows {
-            *counts
-                .entry((r.role.as_str(), r.status.as_str()))
-                .or_default() += 1;
+            counts[r.role as usize][r.status as usize] += 1;
         }
-        counts
-            .into_iter()
-            .map(|((role, status), n)| (role.to_owned(), status.to_owned(), n))
-            .collect()
+        let mut out = Vec::new();
+        for (&role, per_status) in Role::ALL.iter().zip(&counts) {
+            for (&status, &n) in TodoStatus::ALL.iter().zip(per_status) {
+                if n > 0 {
+                    out.push((role.as_str().to_owned(), status.as_str().to_owned(), n));
+                }
+            }
+        }
+        out.sort();
+        out
     }
 }
 
 /// Every todo of a goal as its compact `state.json` line and its STATE.md line, in the order the
 /// store gave them, with the key that puts them in listing order. Rows stream out of the store
 /// (lines cached there are copied; other todos are decoded into one reused `Todo` and rendered)
-/// and only these small records are sorted: at 1,000 todos, decoding, copying and rendering
-/// every todo was most of `refresh-state`.
+/// and only their keys are sorted: at 1,000 todos, decoding, copying and rendering every todo was
+/// most of `refresh-state`.
 struct RenderedTodos {
     json: Vec<u8>,
     md: String,
     rows: Vec<RenderedTodo>,
+    /// Indices into `rows` in listing order.
+    listing: Vec<u32>,
 }
 
 struct RenderedTodo {
@@ -463,30 +483,26 @@ impl RenderedTodos {
             json: Vec::with_capacity(64 << 10),
             md: String::with_capacity(16 << 10),
             rows: Vec::new(),
+            listing: Vec::new(),
         };
         // (todo id, index into rows) of lines rendered here that may be cached: written after
         // the scan, not while its cursor is open on the same table.
         let mut to_cache: Vec<(String, usize)> = Vec::new();
-        tx.for_each_projected_todo(goal_id, TODO_LINES_FORMAT, &mut |todo, order| {
+        tx.for_each_projected_todo(goal_id, TODO_LINES_FORMAT, &mut |todo| {
             let (json_start, md_start) = (out.json.len(), out.md.len());
-            let (role, status) = match todo {
-                ProjectedTodo::Cached {
-                    role,
-                    status,
-                    json,
-                    md,
-                } => {
-                    out.json.extend_from_slice(json.as_bytes());
-                    out.md.push_str(md);
-                    (role, status)
+            let (order, role, status) = match todo {
+                ProjectedTodo::Cached(lines) => {
+                    out.json.extend_from_slice(lines.json.as_bytes());
+                    out.md.push_str(lines.md);
+                    (lines.order, lines.role, lines.status)
                 }
-                ProjectedTodo::Uncached(todo) => {
+                ProjectedTodo::Uncached(todo, order) => {
                     TodoView::new(todo, now).write_json(&mut out.json);
                     todo_markdown(&mut out.md, todo, now);
                     if cache_lines && todo.claim.is_none() {
                         to_cache.push((todo.id.clone(), out.rows.len()));
                     }
-                    (todo.role, todo.status)
+                    (order, todo.role, todo.status)
                 }
             };
             out.rows.push(RenderedTodo {
@@ -500,24 +516,29 @@ impl RenderedTodos {
         })?;
         for (todo_id, i) in to_cache {
             let row = &out.rows[i];
-            let json = std::str::from_utf8(&out.json[row.json.clone()]).expect("JSON is UTF-8");
-            tx.cache_projected_todo(
-                goal_id,
-                &todo_id,
-                TODO_LINES_FORMAT,
-                json,
-                &out.md[row.md.clone()],
-            )?;
+            let lines = TodoLines {
+                order: row.order,
+                role: row.role,
+                status: row.status,
+                json: std::str::from_utf8(&out.json[row.json.clone()]).expect("JSON is UTF-8"),
+                md: &out.md[row.md.clone()],
+            };
+            tx.cache_projected_todo(goal_id, &todo_id, TODO_LINES_FORMAT, &lines)?;
         }
-        out.rows.sort_unstable_by_key(|r| r.order);
+        let mut keys: Vec<(TodoOrder, u32)> = (out.rows.iter().enumerate())
+            .map(|(i, r)| (r.order, i as u32))
+            .collect();
+        keys.sort_unstable();
+        out.listing = keys.into_iter().map(|(_, i)| i).collect();
         Ok(out)
     }
 
     /// (role, state.json line, STATE.md line) in listing order.
     fn in_order(&self) -> impl Iterator<Item = (Role, &[u8], &str)> {
-        self.rows
-            .iter()
-            .map(|r| (r.role, &self.json[r.json.clone()], &self.md[r.md.clone()]))
+        self.listing.iter().map(|&i| {
+            let r = &self.rows[i as usize];
+            (r.role, &self.json[r.json.clone()], &self.md[r.md.clone()])
+        })
     }
 }
 
@@ -556,7 +577,7 @@ fn write_state_json(
     } else {
         b"\n  ],\n"
     })?;
-    let evidence: Vec<Value> = evidence.iter().map(evidence_json).collect();
+    let evidence: Vec<EvidenceView> = evidence.iter().map(evidence_json).collect();
     field(w, "recent_evidence", &evidence)?;
     write!(w, "  \"quota\": ")?;
     serde_json::to_writer(&mut *w, &quota.to_json())?;

@@ -2,7 +2,7 @@
 //! `schema_migrations`; a database newer than this binary is refused rather than guessed at.
 
 /// (version, SQL). Append only: never edit a migration that has shipped.
-pub const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3)];
+pub const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
 
 const V1: &str = r#"
 CREATE TABLE goals (
@@ -174,4 +174,11 @@ const V3: &str = r#"
 ALTER TABLE todos ADD COLUMN view_format INTEGER;
 ALTER TABLE todos ADD COLUMN view_json TEXT;
 ALTER TABLE todos ADD COLUMN view_md TEXT;
+"#;
+
+/// A cached todo's listing order, role and status packed in one integer beside its lines
+/// (`SqliteTx::cache_projected_todo`), so `refresh-state` reads one column per cached todo instead
+/// of two enum texts and two integers. Cleared with the lines on every write of the todo.
+const V4: &str = r#"
+ALTER TABLE todos ADD COLUMN view_key INTEGER;
 "#;

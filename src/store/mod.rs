@@ -59,18 +59,24 @@ impl TodoOrder {
     }
 }
 
+/// A todo's rendered projection lines with what orders and counts it: the shape lines are cached
+/// in ([`StoreTx::cache_projected_todo`]) and served back in ([`ProjectedTodo::Cached`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TodoLines<'a> {
+    pub order: TodoOrder,
+    pub role: Role,
+    pub status: TodoStatus,
+    pub json: &'a str,
+    pub md: &'a str,
+}
+
 /// A todo as [`StoreTx::for_each_projected_todo`] yields it.
 pub enum ProjectedTodo<'a> {
     /// Lines cached by [`StoreTx::cache_projected_todo`] in the requested format, still the
     /// todo's own (it has not been written since).
-    Cached {
-        role: Role,
-        status: TodoStatus,
-        json: &'a str,
-        md: &'a str,
-    },
+    Cached(TodoLines<'a>),
     /// No valid cached lines, or lines that depend on the time (a claimed todo): the todo itself.
-    Uncached(&'a Todo),
+    Uncached(&'a Todo, TodoOrder),
 }
 
 /// A backend that can open read snapshots and serialized write transactions.
@@ -116,7 +122,7 @@ pub trait StoreTx {
         &self,
         goal_id: &str,
         format: i64,
-        visit: &mut dyn FnMut(ProjectedTodo<'_>, TodoOrder) -> Result<()>,
+        visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
     ) -> Result<()>;
     /// Caches a todo's rendered projection lines; the next write of the todo clears them.
     fn cache_projected_todo(
@@ -124,8 +130,7 @@ pub trait StoreTx {
         goal_id: &str,
         todo_id: &str,
         format: i64,
-        json: &str,
-        md: &str,
+        lines: &TodoLines<'_>,
     ) -> Result<()>;
     fn todo_count(&self, goal_id: &str) -> Result<i64>;
     /// Agent todos that are claimable at `now` with every dependency terminal, best first

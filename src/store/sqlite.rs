@@ -7,12 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rusqlite::types::ValueRef;
 use rusqlite::{
     Connection, ErrorCode, OpenFlags, OptionalExtension, Row, TransactionBehavior, params,
 };
 
 use super::migrations::MIGRATIONS;
-use super::{OpRecord, ProjectedTodo, Store, StoreTx, TodoOrder, TurnRecord};
+use super::{OpRecord, ProjectedTodo, Store, StoreTx, TodoLines, TodoOrder, TurnRecord};
 use crate::error::{LoopxError, Result, conflict};
 use crate::kernel::model::{
     Claim, Evidence, ExtensionRecord, GateScope, Goal, GoalStatus, LedgerEntry, LedgerKind,
@@ -455,6 +456,66 @@ fn turn_from_row(row: &Row) -> rusqlite::Result<TurnRecord> {
 const TURN_COLUMNS: &str =
     "turn_key, goal_id, agent_id, todo_id, status, phases, data, created_at, updated_at";
 
+/// The valid cached lines of a `for_each_projected_todo` row (`view_key, view_json, view_md, id,
+/// valid`), or `None` when the todo must be rendered.
+fn cached_lines<'r>(row: &'r Row<'_>) -> rusqlite::Result<Option<TodoLines<'r>>> {
+    if !row.get::<_, bool>(4)? {
+        return Ok(None);
+    }
+    let (ValueRef::Integer(key), ValueRef::Text(json), ValueRef::Text(md)) =
+        (row.get_ref(0)?, row.get_ref(1)?, row.get_ref(2)?)
+    else {
+        return Ok(None);
+    };
+    let Some((order, role, status)) = unpack_view_key(key) else {
+        return Ok(None);
+    };
+    let text = |idx, bytes| {
+        std::str::from_utf8(bytes).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+        })
+    };
+    Ok(Some(TodoLines {
+        order,
+        role,
+        status,
+        json: text(1, json)?,
+        md: text(2, md)?,
+    }))
+}
+
+/// Bits of `view_key` holding the todo's creation sequence; above them the priority rank (4 bits),
+/// the status and the role (4 bits each, their position in `ALL`).
+const VIEW_KEY_SEQ_BITS: u32 = 44;
+
+/// Packs a cached todo's order, role and status into the `view_key` column; `None` when a value
+/// does not fit (the todo is then simply not cached).
+fn pack_view_key(lines: &TodoLines<'_>) -> Option<i64> {
+    let TodoOrder { priority_rank, seq } = lines.order;
+    let fits = (0..1i64 << VIEW_KEY_SEQ_BITS).contains(&seq) && (0..16).contains(&priority_rank);
+    fits.then_some(
+        (lines.role as i64) << (VIEW_KEY_SEQ_BITS + 8)
+            | (lines.status as i64) << (VIEW_KEY_SEQ_BITS + 4)
+            | priority_rank << VIEW_KEY_SEQ_BITS
+            | seq,
+    )
+}
+
+/// The inverse of [`pack_view_key`]; `None` for a key it could not have written.
+fn unpack_view_key(key: i64) -> Option<(TodoOrder, Role, TodoStatus)> {
+    let field = |shift: u32| ((key >> shift) & 0xf) as usize;
+    let role = *Role::ALL.get(field(VIEW_KEY_SEQ_BITS + 8))?;
+    let status = *TodoStatus::ALL.get(field(VIEW_KEY_SEQ_BITS + 4))?;
+    if key >> (VIEW_KEY_SEQ_BITS + 12) != 0 {
+        return None;
+    }
+    let order = TodoOrder::new(
+        field(VIEW_KEY_SEQ_BITS) as i64,
+        key & ((1 << VIEW_KEY_SEQ_BITS) - 1),
+    );
+    Some((order, role, status))
+}
+
 fn to_json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("kernel records always serialize")
 }
@@ -635,7 +696,7 @@ impl SqliteTx<'_> {
             let sql = "UPDATE todos SET role = ?3, kind = ?4, title = ?5, detail = ?6, priority = ?7, status = ?8, \
                  capability = ?9, lane = ?10, gate_scope = ?11, claim_agent = ?12, claim_fence = ?13, \
                  claim_expires_at = ?14, claim_key = ?15, claimed_at = ?16, last_fence = ?17, status_reason = ?18, \
-                 created_at = ?19, updated_at = ?20, view_format = NULL, view_json = NULL, view_md = NULL \
+                 created_at = ?19, updated_at = ?20, view_format = NULL, view_json = NULL, view_md = NULL, view_key = NULL \
                  WHERE goal_id = ?1 AND id = ?2";
             self.conn
                 .prepare_cached(sql)
@@ -795,18 +856,16 @@ impl StoreTx for SqliteTx<'_> {
         &self,
         goal_id: &str,
         format: i64,
-        visit: &mut dyn FnMut(ProjectedTodo<'_>, TodoOrder) -> Result<()>,
+        visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
     ) -> Result<()> {
-        // One scan over the few columns that order and count the todos and carry their cached
-        // lines; the todos without valid lines (in a tick, the one just completed and the
-        // claimed ones) are then read in full by key. A second scan filtered on the cache
-        // columns would walk every row again to find those few.
+        // One scan over the cached lines and their packed keys; the todos without valid lines (in
+        // a tick, the one just completed and the claimed ones) are then read in full by key. A
+        // second scan filtered on the cache columns would walk every row again to find those few.
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT role, status, view_json, view_md, priority, seq, id, \
-                 view_format IS ?2 AND claim_agent IS NULL AND view_json IS NOT NULL \
-                 AND view_md IS NOT NULL FROM todos WHERE goal_id = ?1",
+                "SELECT view_key, view_json, view_md, id, view_format IS ?2 AND claim_agent IS NULL \
+                 FROM todos WHERE goal_id = ?1",
             )
             .map_err(self.err("listing projected todos"))?;
         let mut rows = stmt
@@ -814,24 +873,9 @@ impl StoreTx for SqliteTx<'_> {
             .map_err(self.err("listing projected todos"))?;
         let mut uncached: Vec<String> = Vec::new();
         while let Some(row) = rows.next().map_err(self.err("listing projected todos"))? {
-            let cached = (|| -> rusqlite::Result<_> {
-                if !row.get::<_, bool>(7)? {
-                    uncached.push(row.get(6)?);
-                    return Ok(None);
-                }
-                Ok(Some((
-                    ProjectedTodo::Cached {
-                        role: text_enum(row, 0, Role::parse)?,
-                        status: text_enum(row, 1, TodoStatus::parse)?,
-                        json: row.get_ref(2)?.as_str()?,
-                        md: row.get_ref(3)?.as_str()?,
-                    },
-                    TodoOrder::new(row.get(4)?, row.get(5)?),
-                )))
-            })()
-            .map_err(self.err("listing projected todos"))?;
-            if let Some((todo, order)) = cached {
-                visit(todo, order)?;
+            match cached_lines(row).map_err(self.err("listing projected todos"))? {
+                Some(lines) => visit(ProjectedTodo::Cached(lines))?,
+                None => uncached.push(row.get(3).map_err(self.err("listing projected todos"))?),
             }
         }
         if uncached.is_empty() {
@@ -840,7 +884,7 @@ impl StoreTx for SqliteTx<'_> {
         self.visit_todos(
             " AND id IN (SELECT value FROM json_each(?2))",
             params![goal_id, to_json(&uncached)],
-            &mut |todo, order| visit(ProjectedTodo::Uncached(todo), order),
+            &mut |todo, order| visit(ProjectedTodo::Uncached(todo, order)),
         )
     }
 
@@ -849,16 +893,20 @@ impl StoreTx for SqliteTx<'_> {
         goal_id: &str,
         todo_id: &str,
         format: i64,
-        json: &str,
-        md: &str,
+        lines: &TodoLines<'_>,
     ) -> Result<()> {
         self.ensure_writable()?;
+        let Some(key) = pack_view_key(lines) else {
+            return Ok(()); // out of the packed range: rendered afresh each time instead
+        };
         self.conn
             .prepare_cached(
-                "UPDATE todos SET view_format = ?3, view_json = ?4, view_md = ?5 \
+                "UPDATE todos SET view_format = ?3, view_json = ?4, view_md = ?5, view_key = ?6 \
                  WHERE goal_id = ?1 AND id = ?2",
             )
-            .and_then(|mut s| s.execute(params![goal_id, todo_id, format, json, md]))
+            .and_then(|mut s| {
+                s.execute(params![goal_id, todo_id, format, lines.json, lines.md, key])
+            })
             .map_err(self.err("caching projection lines"))?;
         Ok(())
     }
@@ -1485,12 +1533,45 @@ mod tests {
         );
     }
 
+    #[test]
+    fn view_key_round_trips_every_role_status_and_order() {
+        for &role in Role::ALL {
+            for &status in TodoStatus::ALL {
+                for (rank, seq) in [(0, 0), (4, 1), (2, 123_456), (15, (1 << 44) - 1)] {
+                    let lines = TodoLines {
+                        order: TodoOrder::new(rank, seq),
+                        role,
+                        status,
+                        json: "",
+                        md: "",
+                    };
+                    let key = pack_view_key(&lines).expect("fits");
+                    assert_eq!(
+                        unpack_view_key(key),
+                        Some((lines.order, role, status)),
+                        "{role:?} {status:?} {rank} {seq}"
+                    );
+                }
+            }
+        }
+        let too_far = TodoLines {
+            order: TodoOrder::new(0, 1 << 44),
+            role: Role::Agent,
+            status: TodoStatus::Open,
+            json: "",
+            md: "",
+        };
+        assert_eq!(pack_view_key(&too_far), None);
+        assert_eq!(unpack_view_key(-1), None);
+        assert_eq!(unpack_view_key(15 << 52), None, "no 16th role");
+    }
+
     fn visit(tx: &dyn StoreTx, format: i64) -> Vec<(String, Option<String>)> {
         let mut out = Vec::new();
-        tx.for_each_projected_todo("g", format, &mut |t, _| {
+        tx.for_each_projected_todo("g", format, &mut |t| {
             out.push(match t {
-                ProjectedTodo::Cached { json, .. } => (json.to_owned(), Some(json.to_owned())),
-                ProjectedTodo::Uncached(t) => (t.id.clone(), None),
+                ProjectedTodo::Cached(lines) => (lines.json.to_owned(), Some(lines.md.to_owned())),
+                ProjectedTodo::Uncached(t, _) => (t.id.clone(), None),
             });
             Ok(())
         })
@@ -1515,12 +1596,21 @@ mod tests {
             visit(&*tx, 1),
             [("t1".to_owned(), None), ("t2".to_owned(), None)]
         );
-        tx.cache_projected_todo("g", "t1", 1, "J1", "M1").unwrap();
-        tx.cache_projected_todo("g", "t2", 1, "J2", "M2").unwrap();
+        let lines = |json, md| TodoLines {
+            order: TodoOrder::new(1, 1),
+            role: Role::Agent,
+            status: TodoStatus::Open,
+            json,
+            md,
+        };
+        tx.cache_projected_todo("g", "t1", 1, &lines("J1", "M1"))
+            .unwrap();
+        tx.cache_projected_todo("g", "t2", 1, &lines("J2", "M2"))
+            .unwrap();
         assert_eq!(
             visit(&*tx, 1),
             [
-                ("J1".to_owned(), Some("J1".to_owned())),
+                ("J1".to_owned(), Some("M1".to_owned())),
                 ("t2".to_owned(), None)
             ],
             "t1 cached; t2 is claimed, so its lines depend on the time"
