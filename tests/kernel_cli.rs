@@ -3,7 +3,7 @@
 
 mod cli_support;
 
-use cli_support::Project;
+use cli_support::{Project, loopx_bin};
 use serde_json::Value;
 
 #[test]
@@ -781,4 +781,50 @@ fn state_json_matches_a_fresh_render_after_every_change() {
     ]);
     let md = check("a released claim leaves the lines");
     assert!(md.contains(&format!("todo 3 `{}` (open)", ids[3])), "{md}");
+}
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    // `loopx todo list --format json | head -1`: the reader leaves early. The command's work is
+    // done, so LoopX exits 0 without a panic message rather than crashing on the write.
+    let p = Project::new();
+    let g = p.goal("g1");
+    for i in 0..50 {
+        p.run(&[
+            "todo",
+            "add",
+            "--goal-id",
+            &g,
+            "--title",
+            &format!("todo {i}"),
+        ])
+        .ok();
+    }
+    for args in [
+        vec!["todo", "list", "--goal-id", g.as_str(), "--format", "json"],
+        vec![
+            "todo",
+            "show",
+            "--goal-id",
+            g.as_str(),
+            "--todo-id",
+            "t404",
+            "--format",
+            "json",
+        ],
+    ] {
+        let mut child = std::process::Command::new(loopx_bin())
+            .args(&args)
+            .current_dir(p.dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader is gone before anything is written
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        let expected = if args[1] == "list" { 0 } else { 3 };
+        assert_eq!(out.status.code(), Some(expected), "{args:?}: {stderr}");
+    }
 }

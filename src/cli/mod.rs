@@ -257,14 +257,30 @@ pub fn main(wasm: WasmDispatch) -> i32 {
     }
     let result = Context::from_env(cli.root).and_then(|ctx| dispatch(&ctx, cli.command, wasm));
     match result {
-        Ok(output) => {
-            print!("{}", output.render(format));
-            0
-        }
+        Ok(output) => match write_stdout(&output.render(format)) {
+            Ok(()) => 0,
+            Err(err) => {
+                report_error(&err, Format::Text);
+                err.exit_code()
+            }
+        },
         Err(err) => {
             report_error(&err, format);
             err.exit_code()
         }
+    }
+}
+
+/// Writes a command's output. A reader that went away (`loopx ... | head -1`) is not an error:
+/// the command's work is done and whoever read the output has what they wanted.
+fn write_stdout(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(LoopxError::internal("writing the output", e))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -281,10 +297,10 @@ fn report_error(err: &LoopxError, format: Format) {
             "ok": false,
             "error": {"kind": err.kind(), "exit_code": err.exit_code(), "message": message},
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).expect("error values serialize")
-        );
+        let mut text = serde_json::to_string_pretty(&value).expect("error values serialize");
+        text.push('\n');
+        // Nothing more can be reported if stdout is gone too; stderr below still says it.
+        let _ = write_stdout(&text);
     }
     eprintln!("loopx: error: {message}");
 }
