@@ -88,28 +88,39 @@ fn timed(cmd: &mut Command) -> Duration {
     took
 }
 
+/// The `loopx` binary of this build.
+pub const LOOPX: &str = env!("CARGO_BIN_EXE_loopx");
+
 /// One `loopx` process, timed from spawn to exit.
 pub fn loopx(dir: &Path, args: &[&str]) -> Duration {
-    timed(
-        Command::new(env!("CARGO_BIN_EXE_loopx"))
-            .args(args)
-            .current_dir(dir),
-    )
+    loopx_at(Path::new(LOOPX), dir, args)
 }
 
-/// The seeds' tick as five processes, round `r` working todo `t{r+1}` as agent `bench-{r}`:
-/// should-run, claim, complete, refresh-state, spend-slot.
+/// One process of the `loopx` binary at `bin`, timed from spawn to exit.
+pub fn loopx_at(bin: &Path, dir: &Path, args: &[&str]) -> Duration {
+    timed(Command::new(bin).args(args).current_dir(dir))
+}
+
+/// The seeds' tick as five processes of this build's `loopx`, round `r` working todo `t{r+1}` as
+/// agent `bench-{r}`: should-run, claim, complete, refresh-state, spend-slot.
 pub fn manual_tick(dir: &Path, r: usize) -> [Duration; 5] {
+    manual_tick_at(Path::new(LOOPX), dir, r)
+}
+
+/// [`manual_tick`] with the `loopx` binary at `bin`.
+pub fn manual_tick_at(bin: &Path, dir: &Path, r: usize) -> [Duration; 5] {
     let agent = format!("bench-{r}");
     let key = format!("k{r}");
     let todo = format!("t{}", r + 1);
     let g = ["--goal-id", "bench"];
     [
-        loopx(
+        loopx_at(
+            bin,
             dir,
             &[&["quota", "should-run"][..], &g, &["--agent-id", &agent]].concat(),
         ),
-        loopx(
+        loopx_at(
+            bin,
             dir,
             &[
                 &["todo", "claim"][..],
@@ -125,7 +136,8 @@ pub fn manual_tick(dir: &Path, r: usize) -> [Duration; 5] {
             ]
             .concat(),
         ),
-        loopx(
+        loopx_at(
+            bin,
             dir,
             &[
                 &["todo", "complete"][..],
@@ -143,7 +155,8 @@ pub fn manual_tick(dir: &Path, r: usize) -> [Duration; 5] {
             ]
             .concat(),
         ),
-        loopx(
+        loopx_at(
+            bin,
             dir,
             &[
                 &["refresh-state"][..],
@@ -152,7 +165,8 @@ pub fn manual_tick(dir: &Path, r: usize) -> [Duration; 5] {
             ]
             .concat(),
         ),
-        loopx(
+        loopx_at(
+            bin,
             dir,
             &[&["quota", "spend-slot"][..], &g, &["--agent-id", &agent]].concat(),
         ),
