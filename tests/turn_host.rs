@@ -357,3 +357,40 @@ fn host_runs_in_the_goal_project_dir_and_relative_paths_resolve_from_the_caller(
     let where_ = std::fs::read_to_string(work.join("where.txt")).unwrap();
     assert!(where_.trim().ends_with("/work"), "{where_}");
 }
+
+#[test]
+fn turn_list_shows_the_newest_turns_first_and_filters_them() {
+    let p = Project::new();
+    let failed = run_turn(&p, "cat >/dev/null\nexit 3\n", &[]);
+    p.add_todo("t2");
+    let host = p.script("ok.sh", &result_host("completed"));
+    let done = p.json(&turn_run("a2", &["--todo-id", "t2"], &[&host]))["turn"].clone();
+    let keys = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["turn", "list"];
+        all.extend_from_slice(args);
+        p.json(&all)["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["turn_key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (failed, done) = (
+        failed["turn_key"].as_str().unwrap().to_owned(),
+        done["turn_key"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(keys(&[]), [done.clone(), failed.clone()]);
+    assert_eq!(keys(&["--status", "failed"]), [failed]);
+    assert_eq!(keys(&["--goal-id", "g", "--limit", "1"]), [done]);
+    let text = p.ok(&["turn", "list"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("2 turn(s), newest first"));
+    for (args, code) in [
+        (vec!["--goal-id", "nope"], 3),
+        (vec!["--status", "done"], 2),
+        (vec!["--limit", "0"], 2),
+    ] {
+        let mut all = vec!["turn", "list"];
+        all.extend_from_slice(&args);
+        assert_eq!(p.run(&all).status.code(), Some(code), "{args:?}");
+    }
+}

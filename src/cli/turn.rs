@@ -1,4 +1,4 @@
-//! `loopx turn plan|run|recover|inspect`: one bounded agent turn (docs/turn-protocol.md).
+//! `loopx turn plan|run|recover|inspect|list`: one bounded agent turn (docs/turn-protocol.md).
 
 use clap::{Args, Subcommand};
 use serde_json::json;
@@ -7,9 +7,10 @@ use super::output::Output;
 use super::{Context, opt};
 use crate::clock::rfc3339;
 use crate::error::{Result, bad_input};
+use crate::turn::JournalStatus;
 use crate::turn::driver::{
-    DEFAULT_TIMEOUT_SECONDS, TurnOutcome, TurnRequest, inspect, plan, recover, refresh_projection,
-    run_turn,
+    DEFAULT_TIMEOUT_SECONDS, TurnOutcome, TurnRequest, inspect, list_turns, plan, recover,
+    refresh_projection, run_turn,
 };
 use crate::turn::host::install_stop_handlers;
 
@@ -93,6 +94,16 @@ pub enum TurnCommand {
     Inspect {
         #[arg(long)]
         turn_key: String,
+    },
+    /// The newest turns in the journal, newest first. Writes nothing.
+    List {
+        #[arg(long)]
+        goal_id: Option<String>,
+        /// Only turns in this journal status: in_progress, committed, stopped, failed.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
     },
 }
 
@@ -213,6 +224,42 @@ pub fn run(ctx: &Context, cmd: TurnCommand) -> Result<Output> {
                 rows,
             )
             .list(warnings))
+        }
+        TurnCommand::List {
+            goal_id,
+            status,
+            limit,
+        } => {
+            let status = status.as_deref().map(JournalStatus::parse).transpose()?;
+            let turns = list_turns(&mut kernel, goal_id.as_deref(), status, limit)?;
+            let rows = turns
+                .iter()
+                .map(|t| {
+                    vec![
+                        t.turn_key.clone(),
+                        t.status.clone(),
+                        format!("{} / {}", t.goal_id, t.agent_id),
+                        opt(&t.todo_id),
+                        t.data["kind"].as_str().unwrap_or("-").to_string(),
+                        t.phases.last().cloned().unwrap_or_else(|| "-".into()),
+                        rfc3339(t.updated_at),
+                    ]
+                })
+                .collect();
+            Ok(Output::new(json!({ "turns": turns }))
+                .heading(format!("{} turn(s), newest first", turns.len()))
+                .table(
+                    &[
+                        "turn",
+                        "status",
+                        "goal / agent",
+                        "todo",
+                        "kind",
+                        "last phase",
+                        "updated",
+                    ],
+                    rows,
+                ))
         }
         TurnCommand::Inspect { turn_key } => {
             let rec = inspect(&mut kernel, &turn_key)?;

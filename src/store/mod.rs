@@ -192,4 +192,11 @@ pub trait StoreTx {
     fn turn(&self, turn_key: &str) -> Result<Option<TurnRecord>>;
     fn upsert_turn(&self, turn: &TurnRecord) -> Result<()>;
     fn unsettled_turns(&self, goal_id: Option<&str>) -> Result<Vec<TurnRecord>>;
+    /// The newest `limit` turns, optionally of one goal and one journal status, newest first.
+    fn recent_turns(
+        &self,
+        goal_id: Option<&str>,
+        status: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>>;
 }

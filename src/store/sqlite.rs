@@ -1414,6 +1414,25 @@ impl StoreTx for SqliteTx<'_> {
             .and_then(|rows| rows.collect())
             .map_err(self.err("listing unsettled turns"))
     }
+
+    fn recent_turns(
+        &self,
+        goal_id: Option<&str>,
+        status: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TurnRecord>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {TURN_COLUMNS} FROM turns WHERE (?1 IS NULL OR goal_id = ?1) \
+                 AND (?2 IS NULL OR status = ?2) ORDER BY created_at DESC, turn_key DESC LIMIT ?3"
+            ))
+            .map_err(self.err("listing turns"))?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        stmt.query_map(params![goal_id, status, limit], turn_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("listing turns"))
+    }
 }
 
 #[cfg(test)]

@@ -294,6 +294,25 @@ pub fn inspect(kernel: &mut Kernel, turn_key: &str) -> Result<TurnRecord> {
     })
 }
 
+/// The newest `limit` turns of the journal, optionally of one goal and one status, newest first.
+/// An unknown goal is `NotFound` (exit 3), a limit of 0 `BadInput`.
+pub fn list_turns(
+    kernel: &mut Kernel,
+    goal_id: Option<&str>,
+    status: Option<JournalStatus>,
+    limit: usize,
+) -> Result<Vec<TurnRecord>> {
+    if limit == 0 {
+        return Err(crate::error::bad_input("--limit must be at least 1"));
+    }
+    kernel.read(|tx| {
+        if let Some(goal_id) = goal_id {
+            crate::kernel::require_goal(tx, goal_id)?;
+        }
+        tx.recent_turns(goal_id, status.map(JournalStatus::as_str), limit)
+    })
+}
+
 /// The stored outcome of a turn (settled or not), without effects.
 pub fn stored_outcome(kernel: &mut Kernel, turn_key: &str) -> Result<TurnOutcome> {
     let rec = inspect(kernel, turn_key)?;

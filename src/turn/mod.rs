@@ -19,7 +19,7 @@ pub mod host;
 pub mod loop_ctl;
 pub mod result;
 
-pub use driver::{TurnOutcome, TurnRequest, inspect, plan, recover, run_turn};
+pub use driver::{TurnOutcome, TurnRequest, inspect, list_turns, plan, recover, run_turn};
 pub use loop_ctl::{Budget, LoopDisposition, LoopReport, LoopRequest, decide_loop, run_loop};
 
 use crate::kernel::model::wire_enum;
