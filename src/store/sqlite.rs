@@ -256,19 +256,20 @@ fn open_user_todos_sql() -> String {
     )
 }
 
+/// A text column `idx` whose content does not decode.
+fn bad_text(idx: usize, e: impl std::error::Error + Send + Sync + 'static) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+}
+
 fn text_enum<T>(row: &Row, idx: usize, parse: fn(&str) -> Result<T>) -> rusqlite::Result<T> {
     // Borrowed, not a `String`: enum columns are read for every todo of every listing.
     let text = row.get_ref(idx)?.as_str()?;
-    parse(text).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
-    })
+    parse(text).map_err(|e| bad_text(idx, e))
 }
 
 fn json_col<T: serde::de::DeserializeOwned>(row: &Row, idx: usize) -> rusqlite::Result<T> {
     let text: String = row.get(idx)?;
-    serde_json::from_str(&text).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
-    })
+    serde_json::from_str(&text).map_err(|e| bad_text(idx, e))
 }
 
 fn todo_from_row(row: &Row) -> rusqlite::Result<Todo> {
@@ -325,9 +326,7 @@ fn read_todo_into(row: &Row, todo: &mut Todo) -> rusqlite::Result<()> {
     optional_text(row, 8, &mut todo.capability)?;
     optional_text(row, 9, &mut todo.lane)?;
     todo.gate_scope = match row.get_ref(10)?.as_str_or_null()? {
-        Some(text) => Some(serde_json::from_str::<GateScope>(text).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(10, rusqlite::types::Type::Text, Box::new(e))
-        })?),
+        Some(text) => Some(serde_json::from_str::<GateScope>(text).map_err(|e| bad_text(10, e))?),
         None => None,
     };
     todo.claim = match row.get_ref(11)?.as_str_or_null()? {
@@ -470,11 +469,7 @@ fn cached_lines<'r>(row: &'r Row<'_>) -> rusqlite::Result<Option<TodoLines<'r>>>
     let Some((order, role, status)) = unpack_view_key(key) else {
         return Ok(None);
     };
-    let text = |idx, bytes| {
-        std::str::from_utf8(bytes).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
-        })
-    };
+    let text = |idx, bytes| std::str::from_utf8(bytes).map_err(|e| bad_text(idx, e));
     Ok(Some(TodoLines {
         order,
         role,
