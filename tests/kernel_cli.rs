@@ -3,7 +3,7 @@
 
 mod cli_support;
 
-use cli_support::{Project, loopx_bin};
+use cli_support::Project;
 use serde_json::Value;
 
 #[test]
@@ -813,9 +813,8 @@ fn output_into_a_closed_pipe_ends_quietly() {
             "json",
         ],
     ] {
-        let mut child = std::process::Command::new(loopx_bin())
-            .args(&args)
-            .current_dir(p.dir.path())
+        let mut child = p
+            .command(&args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
