@@ -113,6 +113,8 @@ impl Kernel {
             LoopxError::internal(format!("creating {}", paths.goals_dir().display()), e)
         })?;
         let store = SqliteStore::create(&paths.db())?;
+        // The store made its own entries durable; this makes `.loopx/` itself so.
+        crate::store::sync_directory(&paths.project)?;
         let mut kernel = Kernel {
             paths,
             store: Box::new(store),

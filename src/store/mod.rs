@@ -9,6 +9,7 @@ mod migrations;
 mod sqlite;
 
 pub use sqlite::SqliteStore;
+pub(crate) use sqlite::sync_directory;
 
 use crate::error::Result;
 use crate::kernel::model::{
