@@ -1,7 +1,8 @@
 //! The core tick as whole processes: `quota should-run`, `todo claim`, `todo complete`,
 //! `refresh-state`, `quota spend-slot`, each a fresh `loopx` process, on a goal with 1,000 todos and
 //! either 0 or 100,000 history rows. Beside it, in the same run, the physical floor: a process
-//! spawn and an fsync on the same disk, and the part of every command that does not depend on the
+//! spawn and an fsync on the same disk (back to back, and after the idle gap the tick's commits
+//! have between them), and the part of every command that does not depend on the
 //! goal's size (start-up alone, should-run on a one-todo project, and a process that only opens
 //! the store and reads one row). Run with `cargo bench --bench tick`.
 
@@ -17,6 +18,9 @@ use support::{
 const TODOS: usize = 1_000;
 const HISTORY: usize = 100_000;
 const ROUNDS: usize = 40;
+/// How long the disk is idle before each fsync of the second floor: about the gap between two
+/// of the tick's commits, which are a process's work apart.
+const IDLE_BEFORE_FSYNC: Duration = Duration::from_millis(5);
 
 fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
@@ -73,11 +77,13 @@ fn main() {
     );
 
     let spawn = spawn_floor(ROUNDS * 2);
-    let fsync = fsync_floor(full.path(), ROUNDS * 2);
+    let fsync = fsync_floor(full.path(), ROUNDS * 2, Duration::ZERO);
+    let idle_fsync = fsync_floor(full.path(), ROUNDS * 2, IDLE_BEFORE_FSYNC);
     let store = store_floor(full.path(), ROUNDS * 2);
     let a = tick_rounds(empty.path());
     let b = tick_rounds(full.path());
     let floor = spawn * 5 + fsync * 4;
+    let idle_floor = spawn * 5 + idle_fsync * 4;
 
     let names = [
         "quota should-run",
@@ -108,8 +114,14 @@ fn main() {
     println!("| physical floor, same run | ms |");
     println!("|---|---:|");
     println!("| process spawn (`true`) | {} |", ms(spawn));
-    println!("| fsync of 4 KiB | {} |", ms(fsync));
-    println!("| 5 spawns + 4 fsyncs | {} |", ms(floor));
+    println!("| fsync of 4 KiB, back to back | {} |", ms(fsync));
+    println!(
+        "| fsync of 4 KiB after {} ms without disk I/O | {} |",
+        IDLE_BEFORE_FSYNC.as_millis(),
+        ms(idle_fsync)
+    );
+    println!("| 5 spawns + 4 fsyncs (back to back) | {} |", ms(floor));
+    println!("| 5 spawns + 4 fsyncs (after idle) | {} |", ms(idle_floor));
     println!();
     println!("| fixed cost per process, same run | ms |");
     println!("|---|---:|");
@@ -130,6 +142,11 @@ fn main() {
         "tick / floor: {:.2}x at 0 rows, {:.2}x at {HISTORY} rows (target: within 3x)",
         ta.as_secs_f64() / floor.as_secs_f64(),
         tb.as_secs_f64() / floor.as_secs_f64()
+    );
+    println!(
+        "tick / floor with fsyncs after idle: {:.2}x at 0 rows, {:.2}x at {HISTORY} rows",
+        ta.as_secs_f64() / idle_floor.as_secs_f64(),
+        tb.as_secs_f64() / idle_floor.as_secs_f64()
     );
     // Five processes that each only open the store, plus the four commits' fsyncs: the least a
     // five-process tick over SQLite can cost, before any command does its work.

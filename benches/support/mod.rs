@@ -208,12 +208,16 @@ pub fn store_floor(dir: &Path, rounds: usize) -> Duration {
     )
 }
 
-/// Median of a 4 KiB write + fsync on the disk holding `dir` (the cost of one durable commit).
-pub fn fsync_floor(dir: &Path, rounds: usize) -> Duration {
+/// Median of a 4 KiB write + fsync on the disk holding `dir` (the cost of one durable commit),
+/// each after `idle` without disk I/O. On the development VM an fsync issued back to back took
+/// 0.1-0.2 ms and one issued after a few idle milliseconds 0.6-0.7 ms: the tick's commits are
+/// each a process's work apart, so they are of the second kind.
+pub fn fsync_floor(dir: &Path, rounds: usize, idle: Duration) -> Duration {
     let path = dir.join("fsync-probe");
     let mut f = std::fs::File::create(&path).unwrap();
     let xs = (0..rounds)
         .map(|_| {
+            std::thread::sleep(idle);
             f.write_all(&[7u8; 4096]).unwrap();
             let s = Instant::now();
             f.sync_all().unwrap();
