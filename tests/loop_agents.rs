@@ -65,10 +65,10 @@ fn work_log(p: &Project) -> Vec<(String, String)> {
 
 #[test]
 fn two_agents_never_work_the_same_todo() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let ids: Vec<String> = (1..=10).map(|i| format!("t{i}")).collect();
     for id in &ids {
-        p.add_todo(id);
+        p.add_work(id);
     }
     // t10 waits for t1: the loop that finishes early must wait for it instead of quitting.
     p.ok(&[
@@ -132,9 +132,9 @@ fn two_agents_never_work_the_same_todo() {
 
 #[test]
 fn a_gate_scoped_to_one_agent_stops_only_that_agent() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     for i in 1..=4 {
-        p.add_todo(&format!("t{i}"));
+        p.add_work(&format!("t{i}"));
     }
     p.ok(&[
         "todo",
@@ -164,8 +164,8 @@ fn a_gate_scoped_to_one_agent_stops_only_that_agent() {
 
 #[test]
 fn a_global_gate_stops_every_agent() {
-    let p = Project::new();
-    p.add_todo("t1");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
     p.ok(&[
         "todo",
         "add",
@@ -190,9 +190,9 @@ fn a_global_gate_stops_every_agent() {
 
 #[test]
 fn a_host_asking_for_an_operator_opens_a_gate_for_its_agent_only() {
-    let p = Project::new();
-    p.add_todo("t1");
-    p.add_todo("t2");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    p.add_work("t2");
     let host = p.script(
         "ask.sh",
         r#"cat >/dev/null
@@ -222,9 +222,9 @@ printf '{"schema_version":"loopx.turn_result.v1","status":"user_action_required"
 
 #[test]
 fn the_budget_bounds_the_loop() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     for i in 1..=5 {
-        p.add_todo(&format!("t{i}"));
+        p.add_work(&format!("t{i}"));
     }
     let host = p.script("worker.sh", WORKER);
     let out = p.json(&[
@@ -247,8 +247,8 @@ fn the_budget_bounds_the_loop() {
 
 #[test]
 fn repeated_failures_stop_the_loop_with_repair() {
-    let p = Project::new();
-    p.add_todo("t1");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
     let host = p.script("fail.sh", "cat >/dev/null\nexit 1\n");
     let out = p.json(&[
         "loop",
@@ -273,9 +273,9 @@ fn repeated_failures_stop_the_loop_with_repair() {
 
 #[test]
 fn sigint_settles_the_turn_in_flight_and_stops() {
-    let p = Project::new();
-    p.add_todo("t1");
-    p.add_todo("t2");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    p.add_work("t2");
     let host = p.script("slow.sh", "cat >/dev/null\necho $$ > host.pid\nsleep 30\n");
     let child = p.spawn(&[
         "--format",
@@ -334,11 +334,11 @@ fn sigint_settles_the_turn_in_flight_and_stops() {
 /// orphaned turn (releasing the lease) instead of waiting for the lease to expire.
 #[test]
 fn a_waiting_loop_settles_a_crashed_agents_turn() {
-    let p = Project::new();
-    p.add_todo("t1");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
     let host = p.script("worker.sh", WORKER);
     let crashed = p
-        .cmd(&turn_run("a1", &[], &[&host]))
+        .command(&turn_run("a1", &[], &[&host]))
         .env("LOOPX_TEST_CRASH_AFTER", "start")
         .output()
         .unwrap();

@@ -24,9 +24,9 @@ fn turn(p: &Project, host: &str) -> Value {
 
 #[test]
 fn explicit_proposals_are_admitted_and_refusals_recorded() {
-    let p = Project::new();
-    p.add_todo("t1");
-    p.add_todo("t2");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    p.add_work("t2");
     p.ok(&[
         "todo",
         "claim",
@@ -76,9 +76,9 @@ fn explicit_proposals_are_admitted_and_refusals_recorded() {
 
 #[test]
 fn every_proposal_refused_is_writeback_failed() {
-    let p = Project::new();
-    p.add_todo("t1");
-    p.add_todo("t2");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    p.add_work("t2");
     p.ok(&[
         "todo",
         "claim",
@@ -107,8 +107,8 @@ fn every_proposal_refused_is_writeback_failed() {
 
 #[test]
 fn repair_and_replan_claims_map_to_kernel_transitions() {
-    let p = Project::new();
-    p.add_todo("t1");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
     let host = host_printing(
         &p,
         r#"{"schema_version":"loopx.turn_result.v1","status":"repair_required","summary":"the build toolchain is missing"}"#,
@@ -125,7 +125,7 @@ fn repair_and_replan_claims_map_to_kernel_transitions() {
         "the build toolchain is missing"
     );
 
-    p.add_todo("t2");
+    p.add_work("t2");
     let host = host_printing(
         &p,
         r#"{"schema_version":"loopx.turn_result.v1","status":"replan_required","summary":"the approach is wrong"}"#,
@@ -139,7 +139,7 @@ fn repair_and_replan_claims_map_to_kernel_transitions() {
         "request_replan"
     );
 
-    p.add_todo("t3");
+    p.add_work("t3");
     let host = host_printing(
         &p,
         r#"{"schema_version":"loopx.turn_result.v1","status":"wait","summary":"CI is still running"}"#,
@@ -269,7 +269,7 @@ printf '%s' '{"schema_version":"loopx.turn_result.v1","status":"progress","summa
 fn turn_run_at(root: &str, host: &str) -> Value {
     let mut args = vec!["--root", root, "--format", "json"];
     args.extend(turn_run("a1", &[], &[host]));
-    let out = std::process::Command::new(turn_support::BIN)
+    let out = std::process::Command::new(turn_support::cli_support::loopx_bin())
         .args(&args)
         .env_remove("LOOPX_AGENT_ID")
         .env_remove("LOOPX_TURN_KEY")

@@ -12,13 +12,13 @@ use turn_support::{Project, result_host, turn_run};
 
 /// Runs a validated completion turn that dies after `point`; returns the project and turn key.
 fn crashed_turn(point: &str) -> (Project, String) {
-    let p = Project::new();
-    p.add_todo("t1");
-    p.add_todo("t2");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    p.add_work("t2");
     let host = p.script("host.sh", &result_host("completed"));
     let validator = p.script("validate.sh", "cat > /dev/null\nexit 0\n");
     let out = p
-        .cmd(&turn_run(
+        .command(&turn_run(
             "a1",
             &["--validate-json", &format!("[\"{validator}\"]")],
             &[&host],
@@ -236,9 +236,9 @@ fn other_agents_settle_orphaned_turns_of_the_goal() {
 #[test]
 fn recovery_leaves_live_turns_alone() {
     use std::time::{Duration, Instant};
-    let p = Project::new();
-    p.add_todo("t1");
-    p.add_todo("t2");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    p.add_work("t2");
     let slow = p.script(
         "slow.sh",
         "cat >/dev/null\ntouch started\nsleep 3\nexit 1\n",
@@ -266,8 +266,8 @@ fn recovery_leaves_live_turns_alone() {
 #[test]
 fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
     use std::time::{Duration, Instant};
-    let p = Project::new();
-    p.add_todo("t1");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
     let host = p.script(
         "host.sh",
         "cat >/dev/null\necho $$ > host.pid\nsleep 60 &\necho $! > child.pid\nsleep 60\n",

@@ -12,8 +12,8 @@ fn example(name: &str) -> String {
 
 #[test]
 fn plain_script_host_completes_with_a_validator() {
-    let p = Project::new();
-    p.add_todo("t1");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
     let work = p.script(
         "work.sh",
         "echo \"built $LOOPX_TODO_ID\" > artifact.txt\necho done\n",
@@ -36,8 +36,8 @@ fn plain_script_host_completes_with_a_validator() {
 
 #[test]
 fn plain_script_host_reports_a_failing_command_as_repair() {
-    let p = Project::new();
-    p.add_todo("t1");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
     let work = p.script(
         "work.sh",
         "echo 'error: \"quoted\" \\ and tab\there' >&2\nexit 4\n",
@@ -59,10 +59,10 @@ fn plain_script_host_reports_a_failing_command_as_repair() {
 #[test]
 fn tool_wrappers_fail_cleanly_without_their_tool() {
     for wrapper in ["claude-code.sh", "codex-cli.sh"] {
-        let p = Project::new();
-        p.add_todo("t1");
+        let p = Project::with_goal_g();
+        p.add_work("t1");
         let out = p
-            .cmd(&[
+            .command(&[
                 "--format",
                 "json",
                 "turn",

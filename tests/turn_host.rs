@@ -9,7 +9,7 @@ use serde_json::Value;
 use turn_support::{Project, alive, result_host, turn_run};
 
 fn run_turn(p: &Project, host_body: &str, extra: &[&str]) -> Value {
-    p.add_todo("t1");
+    p.add_work("t1");
     let host = p.script("host.sh", host_body);
     let mut args = vec!["turn", "run", "--goal-id", "g", "--agent-id", "a1"];
     args.extend_from_slice(extra);
@@ -48,7 +48,7 @@ fn assert_failed_cleanly(p: &Project, turn: &Value, kind: &str) {
 
 #[test]
 fn non_zero_exit_is_host_failure() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let t = run_turn(&p, "cat >/dev/null\necho 'it broke' >&2\nexit 3\n", &[]);
     assert_failed_cleanly(&p, &t, "host_failure");
     assert_eq!(t["failed_phase"], "host_execute");
@@ -61,7 +61,7 @@ fn non_zero_exit_is_host_failure() {
 
 #[test]
 fn non_zero_exit_with_a_valid_result_is_still_host_failure() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let body = format!("{}exit 1\n", result_host("completed"));
     let t = run_turn(&p, &body, &["--trust-host-completion"]);
     assert_failed_cleanly(&p, &t, "host_failure");
@@ -69,7 +69,7 @@ fn non_zero_exit_with_a_valid_result_is_still_host_failure() {
 
 #[test]
 fn timeout_kills_the_whole_process_group_quickly() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let body = "cat >/dev/null\nsleep 30 &\necho $! > child.pid\nsleep 30\n";
     let started = Instant::now();
     let t = run_turn(&p, body, &["--timeout-seconds", "1"]);
@@ -92,7 +92,7 @@ fn timeout_kills_the_whole_process_group_quickly() {
 
 #[test]
 fn garbage_stdout_from_a_successful_host_is_validation_failed() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let t = run_turn(&p, "cat >/dev/null\necho 'All done, trust me!'\n", &[]);
     assert_failed_cleanly(&p, &t, "validation_failed");
     assert_eq!(t["failed_phase"], "typed_result");
@@ -101,7 +101,7 @@ fn garbage_stdout_from_a_successful_host_is_validation_failed() {
 
 #[test]
 fn oversized_stdout_is_refused() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     // ~100 KiB of output, over the 64 KiB cap; the host must not block on a full pipe either.
     let body = "cat >/dev/null\ni=0\nwhile [ $i -lt 1600 ]; do echo '0123456789012345678901234567890123456789012345678901234567890123'; i=$((i+1)); done\n";
     let t = run_turn(&p, body, &[]);
@@ -112,7 +112,7 @@ fn oversized_stdout_is_refused() {
 
 #[test]
 fn unknown_result_fields_are_refused() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let body = r#"cat >/dev/null
 printf '{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"x","evidense":[]}'
 "#;
@@ -123,7 +123,7 @@ printf '{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"
 
 #[test]
 fn non_utf8_stdout_is_refused() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let t = run_turn(&p, "cat >/dev/null\nprintf '\\377\\376{}'\n", &[]);
     assert_failed_cleanly(&p, &t, "validation_failed");
     assert!(t["detail"].as_str().unwrap().contains("UTF-8"), "{t}");
@@ -131,7 +131,7 @@ fn non_utf8_stdout_is_refused() {
 
 #[test]
 fn validator_rejecting_a_completion_claim_is_validation_failed() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let validator = p.script(
         "validate.sh",
         "cat > validator-stdin.json\necho 'tests fail' >&2\nexit 1\n",
@@ -154,7 +154,7 @@ fn validator_rejecting_a_completion_claim_is_validation_failed() {
 
 #[test]
 fn validator_accepting_completes_the_todo() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let validator = p.script("validate.sh", "cat >/dev/null\nexit 0\n");
     let t = run_turn(
         &p,
@@ -184,7 +184,7 @@ fn validator_accepting_completes_the_todo() {
 
 #[test]
 fn completion_without_validator_is_recorded_as_progress() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let t = run_turn(&p, &result_host("completed"), &[]);
     assert_eq!(t["kind"], "validated_progress");
     assert_eq!(t["spent"], true);
@@ -195,7 +195,7 @@ fn completion_without_validator_is_recorded_as_progress() {
 
 #[test]
 fn a_child_that_outlives_the_host_is_killed_with_the_group() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let body = format!(
         "(sleep 2; touch marker) &\necho $! > child.pid\n{}",
         result_host("progress")
@@ -218,7 +218,7 @@ fn a_child_that_outlives_the_host_is_killed_with_the_group() {
 
 #[test]
 fn host_gets_request_on_stdin_and_turn_env() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let body = format!(
         "cat > request.json\nenv | grep ^LOOPX_ | sort > env.txt\n{}",
         result_host("progress")
@@ -255,10 +255,10 @@ fn host_gets_request_on_stdin_and_turn_env() {
 /// The host can act as the agent through `loopx` itself, with the lease proof from its env.
 #[test]
 fn host_can_call_loopx_as_the_lease_holder() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let body = format!(
         "cat >/dev/null\n{} todo update --goal-id g --todo-id t1 --evidence 'noted from inside the turn' >/dev/null || exit 9\n{}",
-        turn_support::BIN,
+        turn_support::cli_support::loopx_bin(),
         result_host("progress")
     );
     let t = run_turn(&p, &body, &[]);
@@ -268,8 +268,8 @@ fn host_can_call_loopx_as_the_lease_holder() {
 
 #[test]
 fn missing_program_is_host_failure() {
-    let p = Project::new();
-    p.add_todo("t1");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
     let t = p.json(&turn_run("a1", &[], &["/nonexistent/host"]))["turn"].clone();
     assert_failed_cleanly(&p, &t, "host_failure");
     assert!(
@@ -280,8 +280,8 @@ fn missing_program_is_host_failure() {
 
 #[test]
 fn sigterm_to_loopx_terminates_the_host_and_settles_the_turn() {
-    let p = Project::new();
-    p.add_todo("t1");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
     let host = p.script("host.sh", "cat >/dev/null\necho $$ > host.pid\nsleep 30\n");
     let child = p.spawn(&[&["--format", "json"][..], &turn_run("a1", &[], &[&host])].concat());
     let pid_file = p.file("host.pid");
@@ -316,7 +316,7 @@ fn sigterm_to_loopx_terminates_the_host_and_settles_the_turn() {
 /// directory `loopx` was started in.
 #[test]
 fn host_runs_in_the_goal_project_dir_and_relative_paths_resolve_from_the_caller() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let work = p.file("work");
     std::fs::create_dir(&work).unwrap();
     p.ok(&[
@@ -360,9 +360,9 @@ fn host_runs_in_the_goal_project_dir_and_relative_paths_resolve_from_the_caller(
 
 #[test]
 fn turn_list_shows_the_newest_turns_first_and_filters_them() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let failed = run_turn(&p, "cat >/dev/null\nexit 3\n", &[]);
-    p.add_todo("t2");
+    p.add_work("t2");
     let host = p.script("ok.sh", &result_host("completed"));
     let done = p.json(&turn_run("a2", &["--todo-id", "t2"], &[&host]))["turn"].clone();
     let keys = |args: &[&str]| -> Vec<String> {
@@ -383,7 +383,7 @@ fn turn_list_shows_the_newest_turns_first_and_filters_them() {
     assert_eq!(keys(&["--status", "failed"]), [failed]);
     assert_eq!(keys(&["--goal-id", "g", "--limit", "1"]), [done]);
     let text = p.ok(&["turn", "list"]);
-    assert!(String::from_utf8_lossy(&text.stdout).contains("2 turn(s), newest first"));
+    assert!(text.stdout.contains("2 turn(s), newest first"));
     for (args, code) in [
         (vec!["--goal-id", "nope"], 3),
         (vec!["--status", "done"], 2),
@@ -391,6 +391,6 @@ fn turn_list_shows_the_newest_turns_first_and_filters_them() {
     ] {
         let mut all = vec!["turn", "list"];
         all.extend_from_slice(&args);
-        assert_eq!(p.run(&all).status.code(), Some(code), "{args:?}");
+        assert_eq!(p.run(&all).code, code, "{args:?}");
     }
 }

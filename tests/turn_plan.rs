@@ -11,11 +11,11 @@ fn plan(p: &Project, agent: &str) -> serde_json::Value {
 
 #[test]
 fn routes_follow_the_goal_state() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     // No todos at all: replan.
     assert_eq!(plan(&p, "a1")["route"], "replan_required");
 
-    p.add_todo("t1");
+    p.add_work("t1");
     let ready = plan(&p, "a1");
     assert_eq!(ready["route"], "ready_for_host");
     assert_eq!(ready["selected_todo"]["id"], "t1");
@@ -45,7 +45,7 @@ fn routes_follow_the_goal_state() {
     assert_eq!(held["selected_todo"]["selected_by"], "current_claim");
 
     // A gate scoped to a1 stops a1 only.
-    p.add_todo("t2");
+    p.add_work("t2");
     p.ok(&[
         "todo",
         "add",
@@ -68,7 +68,7 @@ fn routes_follow_the_goal_state() {
 
 #[test]
 fn a_turn_on_a_non_ready_route_runs_no_host() {
-    let p = Project::new();
+    let p = Project::with_goal_g();
     let host = p.script("host.sh", "touch ran\n");
     let out = p.json(&turn_run("a1", &[], &[&host]));
     assert_eq!(out["turn"]["route"], "replan_required");
@@ -82,9 +82,9 @@ fn a_turn_on_a_non_ready_route_runs_no_host() {
 /// does not run again, nothing is spent twice); `inspect` of an unknown key is exit 3.
 #[test]
 fn named_turn_keys_replay_and_unknown_keys_are_not_found() {
-    let p = Project::new();
-    p.add_todo("t1");
-    p.add_todo("t2");
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    p.add_work("t2");
     let host = p.script("host.sh", &turn_support::result_host("progress"));
     let args = [
         "turn",
@@ -109,9 +109,9 @@ fn named_turn_keys_replay_and_unknown_keys_are_not_found() {
     assert_eq!(p.spends(), vec!["turn:deploy-step-1".to_string()]);
     // The key belongs to a1 on g: another agent cannot reuse it.
     let other = p.run(&turn_run("a2", &["--turn-key", "deploy-step-1"], &[&host]));
-    assert_eq!(other.status.code(), Some(4));
+    assert_eq!(other.code, 4);
     let missing = p.run(&["turn", "inspect", "--turn-key", "turn-nope"]);
-    assert_eq!(missing.status.code(), Some(3));
+    assert_eq!(missing.code, 3);
     assert!(
         p.json(&["turn", "recover"])["turns"]
             .as_array()

@@ -1,4 +1,5 @@
-//! Shared helpers for tests that drive the real `loopx` binary against a temporary project.
+//! Shared helpers for tests that drive the real `loopx` binary against a temporary project. The
+//! turn and loop tests add theirs on top (`tests/turn_support`).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -75,6 +76,7 @@ impl Project {
             "LOOPX_TURN_KEY",
             "LOOPX_AGENT_ID",
             "LOOPX_CLAIM_KEY",
+            "LOOPX_TEST_CRASH_AFTER",
         ] {
             cmd.env_remove(k);
         }
@@ -91,6 +93,11 @@ impl Project {
             cmd.env(k, v);
         }
         to_run(cmd.output().expect("spawn loopx"))
+    }
+
+    /// Runs and requires exit 0.
+    pub fn ok(&self, args: &[&str]) -> Run {
+        self.run(args).ok()
     }
 
     /// `--format json` + args, asserting success.

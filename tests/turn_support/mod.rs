@@ -3,16 +3,15 @@
 #![allow(dead_code)]
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
 
 use serde_json::Value;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_loopx");
+#[path = "../cli_support/mod.rs"]
+pub mod cli_support;
 
-pub struct Project {
-    pub dir: tempfile::TempDir,
-}
+pub use cli_support::Project;
 
 /// `turn run --goal-id g --agent-id <agent> <flags> -- <host>`: the argument list of most turn tests.
 pub fn turn_run<'a>(agent: &'a str, flags: &[&'a str], host: &[&'a str]) -> Vec<&'a str> {
@@ -35,11 +34,9 @@ printf '{{"schema_version":"loopx.turn_result.v1","status":"{status}","summary":
 }
 
 impl Project {
-    /// A fresh project with goal `g`.
-    pub fn new() -> Project {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let p = Project { dir };
-        p.ok(&["init"]);
+    /// A fresh project with goal `g`, its project directory the project itself.
+    pub fn with_goal_g() -> Project {
+        let p = Project::new();
         p.ok(&[
             "goal",
             "create",
@@ -53,61 +50,16 @@ impl Project {
         p
     }
 
-    pub fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    pub fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.args(["--root", self.path().to_str().unwrap()])
-            .args(args)
-            .current_dir(self.path())
-            .env_remove("LOOPX_AGENT_ID")
-            .env_remove("LOOPX_TURN_KEY")
-            .env_remove("LOOPX_CLAIM_KEY")
-            .env_remove("LOOPX_ROOT")
-            .env_remove("LOOPX_TEST_CRASH_AFTER");
-        c
-    }
-
-    pub fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().expect("run loopx")
-    }
-
     pub fn spawn(&self, args: &[&str]) -> Child {
-        self.cmd(args)
+        self.command(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn loopx")
     }
 
-    /// Runs and requires exit 0.
-    pub fn ok(&self, args: &[&str]) -> Output {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "loopx {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
-    }
-
-    /// Runs with `--format json`, requires exit 0, parses stdout.
-    pub fn json(&self, args: &[&str]) -> Value {
-        let mut all = vec!["--format", "json"];
-        all.extend_from_slice(args);
-        let out = self.ok(&all);
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "loopx {args:?} printed no JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
-    }
-
-    pub fn add_todo(&self, id: &str) {
+    /// Adds todo `id` ("work <id>") to goal `g`.
+    pub fn add_work(&self, id: &str) {
         self.ok(&[
             "todo",
             "add",
