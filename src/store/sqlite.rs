@@ -234,42 +234,6 @@ impl<'a> SqliteTx<'a> {
     }
 }
 
-impl SqliteTx<'_> {
-    /// Copies the WAL into the database and starts it over from its first frame, keeping the
-    /// file's blocks. Truncating it instead (SQLite's `TRUNCATE` checkpoint) gave the blocks
-    /// back: the `ftruncate` took over a millisecond on this disk (mounted with `discard`), and
-    /// every commit after it appended to a growing file, whose fsync must also write the file's
-    /// new size and block map (0.8-1.0 ms, against 0.4 ms for overwriting written blocks).
-    ///
-    /// A `RESTART` checkpoint records that every frame was copied only in this process's WAL
-    /// index. The next process rebuilds the index from the file, would count the old frames as
-    /// live and append after them; so this process writes once more, rewriting `user_version`
-    /// with its own value. That commit's frame goes to the start of the WAL under a new salt,
-    /// which ends the old frames for every later reader.
-    fn restart_wal(&self) -> rusqlite::Result<()> {
-        let (busy, frames, copied): (i64, i64, i64) =
-            self.conn
-                .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?;
-        if busy != 0 || frames != copied {
-            return Ok(()); // a reader held on to the WAL; the next writer tries again
-        }
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
-        let written = self
-            .conn
-            .query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))
-            .and_then(|version| {
-                self.conn
-                    .execute_batch(&format!("PRAGMA user_version = {version}; COMMIT"))
-            });
-        if written.is_err() {
-            let _ = self.conn.execute_batch("ROLLBACK");
-        }
-        written
-    }
-}
-
 impl Drop for SqliteTx<'_> {
     fn drop(&mut self) {
         if !self.finished {
@@ -607,6 +571,40 @@ fn to_json<T: serde::Serialize>(value: &T) -> String {
 }
 
 impl SqliteTx<'_> {
+    /// Copies the WAL into the database and starts it over from its first frame, keeping the
+    /// file's blocks. Truncating it instead (SQLite's `TRUNCATE` checkpoint) gave the blocks
+    /// back: the `ftruncate` took over a millisecond on this disk (mounted with `discard`), and
+    /// every commit after it appended to a growing file, whose fsync must also write the file's
+    /// new size and block map (0.8-1.0 ms, against 0.4 ms for overwriting written blocks).
+    ///
+    /// A `RESTART` checkpoint records that every frame was copied only in this process's WAL
+    /// index. The next process rebuilds the index from the file, would count the old frames as
+    /// live and append after them; so this process writes once more, rewriting `user_version`
+    /// with its own value. That commit's frame goes to the start of the WAL under a new salt,
+    /// which ends the old frames for every later reader.
+    fn restart_wal(&self) -> rusqlite::Result<()> {
+        let (busy, frames, copied): (i64, i64, i64) =
+            self.conn
+                .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
+        if busy != 0 || frames != copied {
+            return Ok(()); // a reader held on to the WAL; the next writer tries again
+        }
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let written = self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))
+            .and_then(|version| {
+                self.conn
+                    .execute_batch(&format!("PRAGMA user_version = {version}; COMMIT"))
+            });
+        if written.is_err() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        written
+    }
+
     /// The error mapping for one call site. The context is static, so mapping costs nothing
     /// until an error happens: row loops call this once per row.
     fn err(&self, context: &'static str) -> impl FnOnce(rusqlite::Error) -> LoopxError + '_ {
