@@ -790,15 +790,7 @@ fn output_into_a_closed_pipe_ends_quietly() {
     let p = Project::new();
     let g = p.goal("g1");
     for i in 0..50 {
-        p.run(&[
-            "todo",
-            "add",
-            "--goal-id",
-            &g,
-            "--title",
-            &format!("todo {i}"),
-        ])
-        .ok();
+        p.add_todo(&g, &format!("todo {i}"), &[]);
     }
     for args in [
         vec!["todo", "list", "--goal-id", g.as_str(), "--format", "json"],
