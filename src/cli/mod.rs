@@ -57,55 +57,56 @@ pub enum Command {
     /// Create `.loopx/` (database and projections) in the project directory.
     Init(init::InitArgs),
     /// Create, list, show, close, pause and resume goals.
-    #[command(subcommand)]
-    Goal(goal::GoalCommand),
+    Goal(Nested<goal::GoalCommand>),
     /// Seed-compatible alias of `goal` (create --title --description, list --json, close).
-    #[command(name = "project_prompt", subcommand)]
-    ProjectPrompt(project_prompt::ProjectPromptCommand),
+    #[command(name = "project_prompt")]
+    ProjectPrompt(Nested<project_prompt::ProjectPromptCommand>),
     /// Initialize the project if needed and create a goal from free text.
     #[command(name = "start-goal")]
     StartGoal(start_goal::StartGoalArgs),
     /// Add, list, claim, renew, release, update and complete todos.
-    #[command(subcommand)]
-    Todo(todo::TodoCommand),
+    Todo(Nested<todo::TodoCommand>),
     /// List and resolve user gates (operators only).
-    #[command(subcommand)]
-    Gate(gate::GateCommand),
+    Gate(Nested<gate::GateCommand>),
     /// Quota policy, the should-run decision, and the spend ledger.
-    #[command(subcommand)]
-    Quota(quota::QuotaCommand),
+    Quota(Nested<quota::QuotaCommand>),
     /// Record a run and rewrite the goal's projections (or re-create every projection).
     #[command(name = "refresh-state")]
     RefreshState(refresh_state::RefreshStateArgs),
     /// Run history with reward overlays, newest first.
     History(history::HistoryArgs),
     /// Human reward overlays on runs.
-    #[command(subcommand)]
-    Reward(reward::RewardCommand),
+    Reward(Nested<reward::RewardCommand>),
     /// Evidence, rewards, runs and quota of one goal.
     #[command(name = "summary_all")]
     SummaryAll(summary::SummaryArgs),
     /// The attention queue: who must act next, on which goal.
     Status(status::StatusArgs),
     /// The goal's stored next probe (shown, never executed).
-    #[command(subcommand)]
-    Probe(probe::ProbeCommand),
+    Probe(Nested<probe::ProbeCommand>),
     /// Check the project: database integrity, schema, projections.
     Doctor(doctor::DoctorArgs),
     /// Plan, run, recover and inspect bounded agent turns.
-    #[command(subcommand)]
-    Turn(turn::TurnCommand),
+    Turn(Nested<turn::TurnCommand>),
     /// Run turns under a bounded budget until done, idle, or interrupted.
     Loop(loop_cmd::LoopArgs),
     /// Scaffold, install, inspect, enable/disable, upgrade, roll back and remove WASM extensions.
-    #[command(subcommand)]
-    Extension(extension::ExtensionCommand),
+    Extension(Nested<extension::ExtensionCommand>),
     /// Run a capability on a goal and show the kernel's verdict on each proposal.
-    #[command(subcommand)]
-    Capability(capability::CapabilityCommand),
+    Capability(Nested<capability::CapabilityCommand>),
     /// Call a provider once and print its observation.
+    Provider(Nested<provider::ProviderCommand>),
+}
+
+// A command group (`goal`, `todo`, `quota`, ...) as an argument struct rather than a
+// `#[command(subcommand)]` variant, so that `#[command(defer = true)]` on `Command` covers it too:
+// clap then builds only the group the command line names, not all seventy-odd commands, which is
+// a measurable part of every short process (docs/decisions.md). A plain comment, not a doc
+// comment: clap would show a doc comment as the group's description.
+#[derive(Debug, clap::Args)]
+pub struct Nested<T: Subcommand> {
     #[command(subcommand)]
-    Provider(provider::ProviderCommand),
+    pub command: T,
 }
 
 /// What every command may need: where to find the project and who is calling.
@@ -187,18 +188,18 @@ pub const WASM_HOST_BINARY: &str = "loopx-wasm";
 fn dispatch(ctx: &Context, command: Command, wasm: WasmDispatch) -> Result<Output> {
     match command {
         Command::Init(args) => init::run(ctx, args),
-        Command::Goal(cmd) => goal::run(ctx, cmd),
-        Command::ProjectPrompt(cmd) => project_prompt::run(ctx, cmd),
+        Command::Goal(Nested { command: cmd }) => goal::run(ctx, cmd),
+        Command::ProjectPrompt(Nested { command: cmd }) => project_prompt::run(ctx, cmd),
         Command::StartGoal(args) => start_goal::run(ctx, args),
-        Command::Todo(cmd) => todo::run(ctx, cmd),
-        Command::Gate(cmd) => gate::run(ctx, cmd),
-        Command::Quota(cmd) => quota::run(ctx, cmd),
+        Command::Todo(Nested { command: cmd }) => todo::run(ctx, cmd),
+        Command::Gate(Nested { command: cmd }) => gate::run(ctx, cmd),
+        Command::Quota(Nested { command: cmd }) => quota::run(ctx, cmd),
         Command::RefreshState(args) => refresh_state::run(ctx, args),
         Command::History(args) => history::run(ctx, args),
-        Command::Reward(cmd) => reward::run(ctx, cmd),
+        Command::Reward(Nested { command: cmd }) => reward::run(ctx, cmd),
         Command::SummaryAll(args) => summary::run(ctx, args),
         Command::Status(args) => status::run(ctx, args),
-        Command::Probe(cmd) => probe::run(ctx, cmd),
+        Command::Probe(Nested { command: cmd }) => probe::run(ctx, cmd),
         Command::Doctor(args) => doctor::run(ctx, args),
         Command::Turn(_)
         | Command::Loop(_)
@@ -211,11 +212,11 @@ fn dispatch(ctx: &Context, command: Command, wasm: WasmDispatch) -> Result<Outpu
 /// Runs a WebAssembly command in this process (the `loopx-wasm` binary).
 pub fn run_wasm_command(ctx: &Context, command: Command) -> Result<Output> {
     match command {
-        Command::Turn(cmd) => turn::run(ctx, cmd),
+        Command::Turn(Nested { command: cmd }) => turn::run(ctx, cmd),
         Command::Loop(args) => loop_cmd::run(ctx, args),
-        Command::Extension(cmd) => extension::run(ctx, cmd),
-        Command::Capability(cmd) => capability::run(ctx, cmd),
-        Command::Provider(cmd) => provider::run(ctx, cmd),
+        Command::Extension(Nested { command: cmd }) => extension::run(ctx, cmd),
+        Command::Capability(Nested { command: cmd }) => capability::run(ctx, cmd),
+        Command::Provider(Nested { command: cmd }) => provider::run(ctx, cmd),
         other => dispatch(ctx, other, run_wasm_command),
     }
 }
@@ -250,8 +251,9 @@ pub fn main(wasm: WasmDispatch) -> i32 {
         }
     };
     let mut format = cli.format;
-    if let Command::ProjectPrompt(project_prompt::ProjectPromptCommand::List { json: true }) =
-        &cli.command
+    if let Command::ProjectPrompt(Nested {
+        command: project_prompt::ProjectPromptCommand::List { json: true },
+    }) = &cli.command
     {
         format = Format::Json;
     }
@@ -310,4 +312,35 @@ pub(crate) fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref()
         .map(|v| v.to_string())
         .unwrap_or_else(|| "-".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Clap checks a command's definition only when it builds it, and with `defer` a short
+    /// process builds just the command it runs; this builds and checks every one.
+    #[test]
+    fn every_command_definition_is_valid() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_command_group_parses_into_its_command() {
+        let cli = Cli::try_parse_from(["loopx", "quota", "should-run", "--goal-id", "g"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Quota(Nested {
+                command: quota::QuotaCommand::ShouldRun { .. }
+            })
+        ));
+        let err = Cli::try_parse_from(["loopx", "todo"]).unwrap_err();
+        assert_eq!(
+            err.exit_code(),
+            2,
+            "a group without a command is a usage error"
+        );
+    }
 }
