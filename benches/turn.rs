@@ -23,7 +23,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use loopx::runtime::{TurnRequest, TurnResultKind, run_turn};
-use support::{fsync_floor, loopx, manual_tick, median, seed};
+use support::{fsync_samples, loopx, manual_tick, median, seed};
 
 const TODOS: usize = 1_000;
 const ROUNDS: usize = 60;
@@ -120,7 +120,7 @@ fn main() {
         manual_tick(d, r);
         manual.push(s.elapsed());
     }
-    let fsync = fsync_floor(dir.path(), ROUNDS, Duration::ZERO);
+    let fsync = median(fsync_samples(dir.path(), ROUNDS, Duration::ZERO));
     let (lib_m, host_m) = (median(lib.clone()), median(host));
     let commits: Vec<Duration> = lib
         .iter()

@@ -173,19 +173,17 @@ pub fn manual_tick_at(bin: &Path, dir: &Path, r: usize) -> [Duration; 5] {
     ]
 }
 
-/// Median of spawning `true` and waiting for it.
-pub fn spawn_floor(rounds: usize) -> Duration {
-    median(
-        (0..rounds)
-            .map(|_| timed(&mut Command::new("true")))
-            .collect(),
-    )
+/// `rounds` times spawning `true` and waiting for it.
+pub fn spawn_samples(rounds: usize) -> Vec<Duration> {
+    (0..rounds)
+        .map(|_| timed(&mut Command::new("true")))
+        .collect()
 }
 
-/// Set in the environment of a bench binary re-executed by [`store_floor`].
+/// Set in the environment of a bench binary re-executed by [`store_samples`].
 const OPEN_STORE_ONLY: &str = "LOOPX_BENCH_OPEN_STORE_ONLY";
 
-/// In a process started by [`store_floor`]: opens the store, reads one goal and exits. Call first
+/// In a process started by [`store_samples`]: opens the store, reads one goal and exits. Call first
 /// thing in a bench's `main`.
 pub fn serve_store_floor() {
     if let Some(dir) = std::env::var_os(OPEN_STORE_ONLY) {
@@ -196,23 +194,41 @@ pub fn serve_store_floor() {
     }
 }
 
-/// Median of a process that opens the project's store, reads one row and exits: what every
-/// command pays before its own work, because each is a new process that opens SQLite afresh
-/// (WAL index rebuilt from the WAL, schema parsed). This bench binary re-executes itself.
-pub fn store_floor(dir: &Path, rounds: usize) -> Duration {
-    let exe = std::env::current_exe().unwrap();
-    median(
-        (0..rounds)
-            .map(|_| timed(Command::new(&exe).env(OPEN_STORE_ONLY, dir)))
-            .collect(),
-    )
+/// The floor in the tick's own shape, timed as a whole: a spawn of `true` (should-run, which
+/// commits nothing), then four times a spawn followed by a 4 KiB write + fsync in `dir`. Summing
+/// separately measured medians leaves out what running them in this order costs on the machine
+/// (on the development VM, a spawn or an fsync right after the CPU or the disk idled is slower),
+/// which the tick pays too.
+pub fn floor_sequence(dir: &Path) -> Duration {
+    let path = dir.join("fsync-sequence-probe");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let start = Instant::now();
+    timed(&mut Command::new("true"));
+    for _ in 0..4 {
+        timed(&mut Command::new("true"));
+        f.write_all(&[7u8; 4096]).unwrap();
+        f.sync_all().unwrap();
+    }
+    let took = start.elapsed();
+    let _ = std::fs::remove_file(&path);
+    took
 }
 
-/// Median of a 4 KiB write + fsync on the disk holding `dir` (the cost of one durable commit),
-/// each after `idle` without disk I/O. On the development VM an fsync issued back to back took
-/// 0.1-0.2 ms and one issued after a few idle milliseconds 0.6-0.7 ms: the tick's commits are
-/// each a process's work apart, so they are of the second kind.
-pub fn fsync_floor(dir: &Path, rounds: usize, idle: Duration) -> Duration {
+/// `rounds` times a process that opens the project's store, reads one row and exits: what every
+/// command pays before its own work, because each is a new process that opens SQLite afresh
+/// (WAL index rebuilt from the WAL, schema parsed). This bench binary re-executes itself.
+pub fn store_samples(dir: &Path, rounds: usize) -> Vec<Duration> {
+    let exe = std::env::current_exe().unwrap();
+    (0..rounds)
+        .map(|_| timed(Command::new(&exe).env(OPEN_STORE_ONLY, dir)))
+        .collect()
+}
+
+/// `rounds` times a 4 KiB write + fsync on the disk holding `dir` (the cost of one durable
+/// commit), each after `idle` without disk I/O. On the development VM an fsync issued back to back
+/// took 0.1-0.2 ms and one issued after a few idle milliseconds 0.6-0.7 ms: the tick's commits
+/// are each a process's work apart, so they are of the second kind.
+pub fn fsync_samples(dir: &Path, rounds: usize, idle: Duration) -> Vec<Duration> {
     let path = dir.join("fsync-probe");
     let mut f = std::fs::File::create(&path).unwrap();
     let xs = (0..rounds)
@@ -225,5 +241,5 @@ pub fn fsync_floor(dir: &Path, rounds: usize, idle: Duration) -> Duration {
         })
         .collect();
     let _ = std::fs::remove_file(&path);
-    median(xs)
+    xs
 }
