@@ -280,16 +280,13 @@ const TODO_COLUMNS: &str = "goal_id, id, role, kind, title, detail, priority, st
 /// How many columns `TODO_COLUMNS` names; a query may select more after them.
 const TODO_COLUMN_COUNT: usize = 20;
 
-/// The open user todos (gates) of a goal. Read by every `should-run` and `claim`. Without
-/// statistics SQLite preferred scanning all of the goal's todos by primary key and sorting them
-/// (0.95 M instructions at 1,000 todos) to the index that holds the few user todos, hence
-/// `INDEXED BY`.
-fn open_user_todos_sql() -> String {
-    format!(
-        "SELECT {TODO_COLUMNS} FROM todos INDEXED BY todos_by_role_status WHERE goal_id = ?1 \
-         AND role = 'user' AND status NOT IN ('completed', 'archived') ORDER BY priority, seq"
-    )
-}
+/// The ids of a goal's open user todos (gates), in listing order. Read by every `should-run` and
+/// `claim`. Without statistics SQLite preferred scanning all of the goal's todos by primary key
+/// and sorting them (0.95 M instructions at 1,000 todos) to the index that holds the few user
+/// todos, hence `INDEXED BY`.
+const OPEN_USER_TODO_IDS: &str = "SELECT id FROM todos INDEXED BY todos_by_role_status \
+     WHERE goal_id = ?1 AND role = 'user' AND status NOT IN ('completed', 'archived') \
+     ORDER BY priority, seq";
 
 /// fsyncs the directory `dir`, so the entries created in it survive a power cut.
 /// An empty path is the working directory.
@@ -641,34 +638,38 @@ impl SqliteTx<'_> {
         Ok(todos)
     }
 
-    fn query_todos(
+    /// The goal's todos whose ids `sql` selects (its first column), in that order, each then read
+    /// in full by its key. Queries that pick a few todos select only ids because SQLite's cost
+    /// of preparing a statement grows with its result columns (about 15 K instructions per
+    /// column in the ordered queries with subqueries here, against 4 K in a lookup by key), and
+    /// every process prepares afresh; an id-only query can also run from an index alone.
+    fn todos_by_selected_ids(
         &self,
+        goal_id: &str,
         sql: &str,
         params: impl rusqlite::Params,
         context: &'static str,
     ) -> Result<Vec<Todo>> {
-        let mut stmt = self.conn.prepare_cached(sql).map_err(self.err(context))?;
-        let todos: Vec<Todo> = stmt
-            .query_map(params, todo_from_row)
-            .and_then(|rows| rows.collect())
+        let ids: Vec<String> = self
+            .conn
+            .prepare_cached(sql)
+            .and_then(|mut stmt| stmt.query_map(params, |r| r.get(0))?.collect())
             .map_err(self.err(context))?;
-        self.with_deps(todos)
+        self.todos_by_id(goal_id, &ids)
     }
 
-    /// Todos selected as `{TODO_COLUMNS}, seq`, with their creation sequence, dependencies not
-    /// loaded: for callers that order rows themselves.
-    fn query_todos_with_seq(
-        &self,
-        sql: &str,
-        params: impl rusqlite::Params,
-        context: &'static str,
-    ) -> Result<Vec<(Todo, i64)>> {
-        let mut stmt = self.conn.prepare_cached(sql).map_err(self.err(context))?;
-        stmt.query_map(params, |r| {
-            Ok((todo_from_row(r)?, r.get(TODO_COLUMN_COUNT)?))
-        })
-        .and_then(|rows| rows.collect())
-        .map_err(self.err(context))
+    /// The goal's todos `ids`, in that order, read in the same transaction that selected them.
+    fn todos_by_id(&self, goal_id: &str, ids: &[String]) -> Result<Vec<Todo>> {
+        ids.iter()
+            .map(|id| {
+                self.todo(goal_id, id)?.ok_or_else(|| {
+                    LoopxError::internal(
+                        "reading selected todos",
+                        anyhow::anyhow!("todo {goal_id}/{id} vanished within its transaction"),
+                    )
+                })
+            })
+            .collect()
     }
 
     /// Calls `visit` for each of a goal's todos matching `and_where` (SQL appended to
@@ -1007,31 +1008,40 @@ impl StoreTx for SqliteTx<'_> {
         let deps_met = "NOT EXISTS (SELECT 1 FROM todo_deps d WHERE d.goal_id = t.goal_id AND d.todo_id = t.id \
              AND NOT EXISTS (SELECT 1 FROM todos u WHERE u.goal_id = d.goal_id AND u.id = d.depends_on \
              AND u.status = 'completed'))";
+        // Only the keys are selected (see `todos_by_selected_ids`); the winners are read in full.
         let open = format!(
-            "SELECT {TODO_COLUMNS}, seq FROM todos t WHERE t.goal_id = ?1 AND t.role = 'agent' \
+            "SELECT id, priority, seq FROM todos t WHERE t.goal_id = ?1 AND t.role = 'agent' \
              AND t.status = 'open' AND {deps_met} ORDER BY t.priority, t.seq LIMIT {limit}"
         );
         let expired = format!(
-            "SELECT {TODO_COLUMNS}, seq FROM todos t WHERE t.goal_id = ?1 AND t.role = 'agent' \
+            "SELECT id, priority, seq FROM todos t WHERE t.goal_id = ?1 AND t.role = 'agent' \
              AND t.status = 'claimed' AND t.claim_expires_at <= ?2 AND {deps_met} \
              ORDER BY t.priority, t.seq LIMIT {limit}"
         );
         let context = "selecting ready todos";
-        let mut rows = self.query_todos_with_seq(&open, params![goal_id], context)?;
-        rows.extend(self.query_todos_with_seq(&expired, params![goal_id, now], context)?);
-        rows.sort_unstable_by_key(|(t, seq)| TodoOrder::new(t.priority.rank(), *seq));
-        rows.truncate(limit);
-        self.with_deps(rows.into_iter().map(|(t, _)| t).collect())
+        let mut keys: Vec<(TodoOrder, String)> = Vec::new();
+        for (sql, params) in [(&open, params![goal_id]), (&expired, params![goal_id, now])] {
+            let mut stmt = self.conn.prepare_cached(sql).map_err(self.err(context))?;
+            let rows = stmt
+                .query_map(params, |r| {
+                    Ok((TodoOrder::new(r.get(1)?, r.get(2)?), r.get(0)?))
+                })
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                .map_err(self.err(context))?;
+            keys.extend(rows);
+        }
+        keys.sort_unstable();
+        keys.truncate(limit);
+        let ids: Vec<String> = keys.into_iter().map(|(_, id)| id).collect();
+        self.todos_by_id(goal_id, &ids)
     }
 
     fn claimed_by(&self, goal_id: &str, agent_id: &str, now: i64) -> Result<Option<Todo>> {
-        let sql = format!(
-            "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 AND claim_agent = ?2 AND status = 'claimed' \
-             AND claim_expires_at > ?3 ORDER BY priority, seq LIMIT 1"
-        );
         Ok(self
-            .query_todos(
-                &sql,
+            .todos_by_selected_ids(
+                goal_id,
+                "SELECT id FROM todos WHERE goal_id = ?1 AND claim_agent = ?2 AND status = 'claimed' \
+                 AND claim_expires_at > ?3 ORDER BY priority, seq LIMIT 1",
                 params![goal_id, agent_id, now],
                 "reading the agent's claim",
             )?
@@ -1039,7 +1049,12 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn open_user_todos(&self, goal_id: &str) -> Result<Vec<Todo>> {
-        self.query_todos(&open_user_todos_sql(), params![goal_id], "listing gates")
+        self.todos_by_selected_ids(
+            goal_id,
+            OPEN_USER_TODO_IDS,
+            params![goal_id],
+            "listing gates",
+        )
     }
 
     fn todo_status_counts(&self, goal_id: &str) -> Result<Vec<(String, String, i64)>> {
@@ -1612,6 +1627,71 @@ mod tests {
         assert_eq!(visited, listed);
     }
 
+    /// The queries that pick a few todos select ids, then read each todo by key: what they return
+    /// must still be whole todos (dependencies included) in listing order, filtered as before.
+    #[test]
+    fn ready_claimed_and_gate_queries_return_whole_todos_in_listing_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+        let live_claim = |t: Todo, expires_at: i64| Todo {
+            claim: t.claim.map(|c| Claim { expires_at, ..c }),
+            ..t
+        };
+        let with_status = |t: Todo, status: TodoStatus| Todo { status, ..t };
+        let gate = |id: &str, priority: Priority, status: TodoStatus| Todo {
+            role: Role::User,
+            kind: TodoKind::UserGate,
+            status,
+            ..todo(id, priority, None, false)
+        };
+        let created = [
+            todo("a", Priority::P1, None, false),
+            // Claimed, lease expired at 9,000: ready again.
+            todo("b", Priority::P0, None, true),
+            // Claimed, lease live at 10,000: a1's claim, not ready.
+            live_claim(todo("c", Priority::P0, None, true), 20_000),
+            // Depends on `a`, which is not completed: not ready.
+            Todo {
+                depends_on: vec!["a".into()],
+                ..todo("d", Priority::P0, None, false)
+            },
+            // Depends only on completed `f`: ready.
+            Todo {
+                depends_on: vec!["f".into()],
+                ..todo("e", Priority::P3, Some("cap.x"), false)
+            },
+            with_status(todo("f", Priority::P0, None, false), TodoStatus::Completed),
+            gate("u2", Priority::P2, TodoStatus::Open),
+            gate("u1", Priority::P1, TodoStatus::Open),
+            gate("u3", Priority::P0, TodoStatus::Completed),
+        ];
+        {
+            let tx = store.begin_write().unwrap();
+            tx.insert_goal(&goal()).unwrap();
+            for t in &created {
+                tx.insert_todo(t).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        let original = |id: &str| created.iter().find(|c| c.id == id).unwrap().clone();
+        let tx = store.begin_read().unwrap();
+        let now = 10_000;
+        assert_eq!(
+            tx.ready_todos("g", now, 10).unwrap(),
+            [original("b"), original("a"), original("e")]
+        );
+        assert_eq!(
+            tx.ready_todos("g", now, 2).unwrap(),
+            [original("b"), original("a")]
+        );
+        assert_eq!(tx.claimed_by("g", "a1", now).unwrap(), Some(original("c")));
+        assert_eq!(tx.claimed_by("g", "a2", now).unwrap(), None);
+        assert_eq!(
+            tx.open_user_todos("g").unwrap(),
+            [original("u1"), original("u2")]
+        );
+    }
+
     #[test]
     fn sqlite_leaves_directory_syncs_to_the_store() {
         // Without the flag, every write command pays an extra directory fsync on its first
@@ -1698,21 +1778,20 @@ mod tests {
     }
 
     #[test]
-    fn gates_are_read_through_the_role_index() {
+    fn gate_ids_are_read_from_the_role_index_alone() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
         let plan: Vec<String> = store
             .conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {}", open_user_todos_sql()))
+            .prepare(&format!("EXPLAIN QUERY PLAN {OPEN_USER_TODO_IDS}"))
             .unwrap()
             .query_map(["g"], |r| r.get::<_, String>(3))
             .unwrap()
             .collect::<rusqlite::Result<_>>()
             .unwrap();
         assert!(
-            plan.iter().any(
-                |step| step.contains("USING INDEX todos_by_role_status (goal_id=? AND role=?)")
-            ),
+            plan.iter().any(|step| step
+                .contains("USING COVERING INDEX todos_by_role_status (goal_id=? AND role=?)")),
             "{plan:?}"
         );
     }
