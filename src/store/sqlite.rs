@@ -1693,8 +1693,8 @@ mod tests {
     }
 
     #[test]
-    fn sqlite_leaves_directory_syncs_to_the_store() {
-        // Without the flag, every write command pays an extra directory fsync on its first
+    fn sqlite_is_built_with_the_flags_of_cargo_config() {
+        // Without DISABLE_DIRSYNC, every write command pays an extra directory fsync on its first
         // commit. It is one of the `LIBSQLITE3_FLAGS` in `.cargo/config.toml`, whose other
         // settings (`HAVE_FDATASYNC` among them) compile_options does not list: a build that
         // misses that file fails here.
@@ -1710,6 +1710,19 @@ mod tests {
             options.iter().any(|o| o == "DISABLE_DIRSYNC"),
             "SQLite built without SQLITE_DISABLE_DIRSYNC: {options:?}"
         );
+        // The full-text and R-tree modules, which LoopX never uses, are left out: each
+        // connection registered them, and FTS5 alone linked the math library into every process.
+        for unused in [
+            "ENABLE_FTS3",
+            "ENABLE_FTS5",
+            "ENABLE_RTREE",
+            "ENABLE_DBSTAT_VTAB",
+        ] {
+            assert!(
+                !options.iter().any(|o| o == unused),
+                "SQLite built with SQLITE_{unused}: {options:?}"
+            );
+        }
     }
 
     #[test]
