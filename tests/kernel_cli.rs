@@ -820,20 +820,23 @@ fn output_into_a_closed_pipe_ends_quietly() {
     }
 }
 
-/// Whether the ELF executable at `path` names a dynamic loader (a `PT_INTERP` program header),
-/// i.e. whether every start of it maps and relocates shared libraries first.
-fn needs_dynamic_loader(path: &str) -> bool {
+/// How the ELF executable at `path` is linked: whether it names a dynamic loader (a `PT_INTERP`
+/// program header, so every start maps and relocates shared libraries first) and whether it is
+/// position-independent (`ET_DYN`, relocated at every start) rather than `ET_EXEC`.
+fn elf_linking(path: &str) -> (bool, bool) {
+    const ET_DYN: u16 = 3;
     const PT_INTERP: u32 = 3;
     let elf = std::fs::read(path).unwrap();
     assert_eq!(&elf[..4], b"\x7fELF", "{path} is not an ELF file");
     assert_eq!(elf[4], 2, "{path} is not a 64-bit ELF file");
-    let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap()) as usize;
+    let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap());
     let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
-    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
-    (0..phnum).any(|i| {
+    let (phentsize, phnum) = (u16_at(0x36) as usize, u16_at(0x38) as usize);
+    let interp = (0..phnum).any(|i| {
         let at = phoff + i * phentsize;
         u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) == PT_INTERP
-    })
+    });
+    (interp, u16_at(0x10) == ET_DYN)
 }
 
 #[test]
@@ -844,7 +847,9 @@ fn needs_dynamic_loader(path: &str) -> bool {
 ))]
 fn loopx_executables_are_linked_statically_where_glibc_allows() {
     // `.cargo/static-bins` links them with `+crt-static`, which saves every command about 0.7 ms of
-    // start-up; it leaves them dynamic only when glibc's static libraries are not installed.
+    // start-up, and `loopx` position-dependent, which saves its relocations; `loopx-wasm` runs
+    // untrusted code and stays position-independent. Both stay dynamic only when glibc's static
+    // libraries are not installed.
     let libc_a = std::process::Command::new("cc")
         .args(["-print-file-name=libc.a"])
         .output()
@@ -854,14 +859,19 @@ fn loopx_executables_are_linked_statically_where_glibc_allows() {
         return;
     }
     let loopx = std::path::Path::new(env!("CARGO_BIN_EXE_loopx"));
-    for exe in [loopx.to_path_buf(), loopx.with_file_name("loopx-wasm")] {
-        let exe = exe.to_str().unwrap();
-        assert!(
-            !needs_dynamic_loader(exe),
-            "{exe} needs the dynamic loader: was it built without .cargo/static-bins?"
-        );
-    }
-    // The check itself tells the two kinds apart: `cc` is an ordinary dynamic executable.
+    let wasm = loopx.with_file_name("loopx-wasm");
+    let hint = "was it built without .cargo/static-bins?";
+    assert_eq!(
+        elf_linking(loopx.to_str().unwrap()),
+        (false, false),
+        "loopx: (needs the dynamic loader, is position-independent); {hint}"
+    );
+    assert_eq!(
+        elf_linking(wasm.to_str().unwrap()),
+        (false, true),
+        "loopx-wasm: (needs the dynamic loader, is position-independent); {hint}"
+    );
+    // The check itself tells the kinds apart: `cc` is an ordinary dynamic executable.
     let cc = String::from_utf8(
         std::process::Command::new("sh")
             .args(["-c", "command -v cc"])
@@ -871,5 +881,5 @@ fn loopx_executables_are_linked_statically_where_glibc_allows() {
     )
     .unwrap();
     let cc = std::fs::canonicalize(cc.trim()).unwrap();
-    assert!(needs_dynamic_loader(cc.to_str().unwrap()));
+    assert!(elf_linking(cc.to_str().unwrap()).0);
 }
