@@ -845,41 +845,33 @@ fn elf_linking(path: &str) -> (bool, bool) {
     target_env = "gnu",
     any(target_arch = "x86_64", target_arch = "aarch64")
 ))]
-fn loopx_executables_are_linked_statically_where_glibc_allows() {
-    // `.cargo/static-bins` links them with `+crt-static`, which saves every command about 0.7 ms of
-    // start-up, and `loopx` position-dependent, which saves its relocations; `loopx-wasm` runs
-    // untrusted code and stays position-independent. Both stay dynamic only when glibc's static
-    // libraries are not installed.
+fn loopx_is_linked_statically_where_glibc_allows() {
+    // `.cargo/static-bins` links `loopx` with `+crt-static` and position-dependent, which saves
+    // every command of a tick its shared libraries and relocations; it stays dynamic only when
+    // glibc's static libraries are not installed.
     let libc_a = std::process::Command::new("cc")
         .args(["-print-file-name=libc.a"])
         .output()
         .unwrap();
     if !String::from_utf8_lossy(&libc_a.stdout).starts_with('/') {
-        eprintln!("glibc's libc.a is not installed: the executables are dynamic by design");
+        eprintln!("glibc's libc.a is not installed: loopx is dynamic by design");
         return;
     }
-    let loopx = std::path::Path::new(env!("CARGO_BIN_EXE_loopx"));
-    let wasm = loopx.with_file_name("loopx-wasm");
-    let hint = "was it built without .cargo/static-bins?";
+    let loopx = env!("CARGO_BIN_EXE_loopx");
     assert_eq!(
-        elf_linking(loopx.to_str().unwrap()),
+        elf_linking(loopx),
         (false, false),
-        "loopx: (needs the dynamic loader, is position-independent); {hint}"
+        "loopx (needs the dynamic loader, is position-independent): \
+         was it built without .cargo/static-bins?"
     );
-    assert_eq!(
-        elf_linking(wasm.to_str().unwrap()),
-        (false, true),
-        "loopx-wasm: (needs the dynamic loader, is position-independent); {hint}"
+    // Static glibc serves name lookup (NSS) only from the glibc it was linked against; `loopx`
+    // must not need it. A dependency that brought in `getaddrinfo` or `getpwnam` would.
+    let image = std::fs::read(loopx).unwrap();
+    assert!(
+        !image.windows(13).any(|w| w == b"nsswitch.conf"),
+        "loopx links glibc's name-service code, which a static binary cannot rely on"
     );
-    // The check itself tells the kinds apart: `cc` is an ordinary dynamic executable.
-    let cc = String::from_utf8(
-        std::process::Command::new("sh")
-            .args(["-c", "command -v cc"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let cc = std::fs::canonicalize(cc.trim()).unwrap();
-    assert!(elf_linking(cc.to_str().unwrap()).0);
+    // `loopx-wasm` hosts untrusted WebAssembly and calls name lookup: a dynamic PIE.
+    let wasm = std::path::Path::new(loopx).with_file_name("loopx-wasm");
+    assert_eq!(elf_linking(wasm.to_str().unwrap()), (true, true));
 }
