@@ -3,8 +3,8 @@
 //! either 0 or 100,000 history rows. Beside it, in the same run, the physical floor: a process
 //! spawn and an fsync on the same disk (back to back, and after the idle gap the tick's commits
 //! have between them), and the part of every command that does not depend on the
-//! goal's size (start-up alone, should-run on a one-todo project, and a process that only opens
-//! the store and reads one row). Run with `cargo bench --bench tick`.
+//! goal's size (start-up alone, should-run on a one-todo project, and `loopx probe show`, which
+//! only opens the store and reads one row). Run with `cargo bench --bench tick`.
 //!
 //! Timings on the development VM drift by 10-30 % over minutes, so nothing here is measured in a
 //! block of its own: each round runs a tick on both projects (in alternating order) and then a
@@ -19,8 +19,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use support::{
-    floor_sequence, fsync_samples, loopx, manual_tick, median, seed, serve_store_floor,
-    spawn_samples, store_samples,
+    floor_sequence, fsync_samples, loopx, manual_tick, median, seed, spawn_samples, store_samples,
 };
 
 const TODOS: usize = 1_000;
@@ -68,7 +67,6 @@ struct Samples {
 }
 
 fn main() {
-    serve_store_floor();
     let base = std::env::var_os("LOOPX_BENCH_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
@@ -172,7 +170,7 @@ fn main() {
         ms(fixed)
     );
     println!(
-        "| a process that only opens the store and reads one row | {} |",
+        "| `loopx probe show`: opens the store, reads one row | {} |",
         ms(store)
     );
     println!();

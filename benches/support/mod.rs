@@ -180,20 +180,6 @@ pub fn spawn_samples(rounds: usize) -> Vec<Duration> {
         .collect()
 }
 
-/// Set in the environment of a bench binary re-executed by [`store_samples`].
-const OPEN_STORE_ONLY: &str = "LOOPX_BENCH_OPEN_STORE_ONLY";
-
-/// In a process started by [`store_samples`]: opens the store, reads one goal and exits. Call first
-/// thing in a bench's `main`.
-pub fn serve_store_floor() {
-    if let Some(dir) = std::env::var_os(OPEN_STORE_ONLY) {
-        let mut kernel = Kernel::open(ProjectPaths::at(Path::new(&dir))).unwrap();
-        let goal = kernel.read(|tx| tx.goal("bench")).unwrap();
-        assert!(goal.is_some(), "no goal `bench` in {dir:?}");
-        std::process::exit(0);
-    }
-}
-
 /// The floor in the tick's own shape, timed as a whole: a spawn of `true` (should-run, which
 /// commits nothing), then four times a spawn followed by a 4 KiB write + fsync in `dir`. Summing
 /// separately measured medians leaves out what running them in this order costs on the machine
@@ -214,13 +200,13 @@ pub fn floor_sequence(dir: &Path) -> Duration {
     took
 }
 
-/// `rounds` times a process that opens the project's store, reads one row and exits: what every
-/// command pays before its own work, because each is a new process that opens SQLite afresh
-/// (WAL index rebuilt from the WAL, schema parsed). This bench binary re-executes itself.
+/// `rounds` times a `loopx` process that opens the project's store, reads one row (goal `bench`,
+/// through `probe show`) and exits: what every command pays before its own work, because each is
+/// a new process that opens SQLite afresh (WAL index rebuilt from the WAL, schema parsed). It is
+/// the product binary, linked as the tick's commands are.
 pub fn store_samples(dir: &Path, rounds: usize) -> Vec<Duration> {
-    let exe = std::env::current_exe().unwrap();
     (0..rounds)
-        .map(|_| timed(Command::new(&exe).env(OPEN_STORE_ONLY, dir)))
+        .map(|_| loopx(dir, &["probe", "show", "--goal-id", "bench"]))
         .collect()
 }
 
