@@ -820,25 +820,6 @@ fn output_into_a_closed_pipe_ends_quietly() {
     }
 }
 
-/// How the ELF executable at `path` is linked: whether it names a dynamic loader (a `PT_INTERP`
-/// program header, so every start maps and relocates shared libraries first) and whether it is
-/// position-independent (`ET_DYN`, relocated at every start) rather than `ET_EXEC`.
-fn elf_linking(path: &str) -> (bool, bool) {
-    const ET_DYN: u16 = 3;
-    const PT_INTERP: u32 = 3;
-    let elf = std::fs::read(path).unwrap();
-    assert_eq!(&elf[..4], b"\x7fELF", "{path} is not an ELF file");
-    assert_eq!(elf[4], 2, "{path} is not a 64-bit ELF file");
-    let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap());
-    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
-    let (phentsize, phnum) = (u16_at(0x36) as usize, u16_at(0x38) as usize);
-    let interp = (0..phnum).any(|i| {
-        let at = phoff + i * phentsize;
-        u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) == PT_INTERP
-    });
-    (interp, u16_at(0x10) == ET_DYN)
-}
-
 #[test]
 #[cfg(all(
     target_os = "linux",
@@ -846,6 +827,25 @@ fn elf_linking(path: &str) -> (bool, bool) {
     any(target_arch = "x86_64", target_arch = "aarch64")
 ))]
 fn loopx_is_linked_statically_where_glibc_allows() {
+    /// How the ELF executable at `path` is linked: whether it names a dynamic loader (a `PT_INTERP`
+    /// program header, so every start maps and relocates shared libraries first) and whether it is
+    /// position-independent (`ET_DYN`, relocated at every start) rather than `ET_EXEC`.
+    fn elf_linking(path: &str) -> (bool, bool) {
+        const ET_DYN: u16 = 3;
+        const PT_INTERP: u32 = 3;
+        let elf = std::fs::read(path).unwrap();
+        assert_eq!(&elf[..4], b"\x7fELF", "{path} is not an ELF file");
+        assert_eq!(elf[4], 2, "{path} is not a 64-bit ELF file");
+        let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap());
+        let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+        let (phentsize, phnum) = (u16_at(0x36) as usize, u16_at(0x38) as usize);
+        let interp = (0..phnum).any(|i| {
+            let at = phoff + i * phentsize;
+            u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) == PT_INTERP
+        });
+        (interp, u16_at(0x10) == ET_DYN)
+    }
+
     // `.cargo/static-bins` links `loopx` with `+crt-static` and position-dependent, which saves
     // every command of a tick its shared libraries and relocations; it stays dynamic only when
     // glibc's static libraries are not installed.
