@@ -119,21 +119,31 @@ fn write_stamp(stamp_file: &Path, stamp: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Writes `bytes` to `path` atomically (see [`write_atomic_with`]).
+/// Writes `bytes` to `path` atomically (see [`with_temp_file`]), straight from the slice.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_atomic_with(path, |w| w.write_all(bytes))
+    with_temp_file(path, |mut file| file.write_all(bytes))
 }
 
 /// The buffered temp file a projection is streamed into; a concrete type, so serde's many small
 /// writes inline into buffer copies.
 type ProjectionWriter = BufWriter<File>;
 
-/// Writes `path` atomically: `fill` streams the content into a temp file in the same directory,
-/// which then takes the target's place in one step, so a reader sees the old or the new file.
+/// Writes `path` atomically, `fill` streaming the content through a 64 KiB buffer.
 fn write_atomic_with(
     path: &Path,
     fill: impl FnOnce(&mut ProjectionWriter) -> std::io::Result<()>,
 ) -> Result<()> {
+    with_temp_file(path, |file| {
+        let mut w = BufWriter::with_capacity(64 << 10, file);
+        fill(&mut w)?;
+        w.into_inner().map_err(|e| e.into_error())?;
+        Ok(())
+    })
+}
+
+/// Writes `path` atomically: `write` fills a temp file in the same directory, which then takes
+/// the target's place in one step, so a reader sees the old or the new file.
+fn with_temp_file(path: &Path, write: impl FnOnce(File) -> std::io::Result<()>) -> Result<()> {
     let dir = path.parent().expect("projection paths have a parent");
     std::fs::create_dir_all(dir)
         .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
@@ -145,9 +155,7 @@ fn write_atomic_with(
         std::process::id()
     ));
     let result = (|| -> std::io::Result<()> {
-        let mut w = BufWriter::with_capacity(64 << 10, File::create(&tmp)?);
-        fill(&mut w)?;
-        w.into_inner().map_err(|e| e.into_error())?;
+        write(File::create(&tmp)?)?;
         replace(&tmp, path)
     })();
     result.map_err(|e| {
