@@ -875,3 +875,83 @@ fn loopx_is_linked_statically_where_glibc_allows() {
     let wasm = std::path::Path::new(loopx).with_file_name("loopx-wasm");
     assert_eq!(elf_linking(wasm.to_str().unwrap()), (true, true));
 }
+
+#[test]
+#[cfg(unix)]
+fn the_static_link_wrapper_adds_its_flags_to_the_loopx_executable_alone() {
+    // `.cargo/static-bins` with `echo` standing in for rustc: it prints the arguments it would
+    // run rustc with.
+    let wrapper = concat!(env!("CARGO_MANIFEST_DIR"), "/.cargo/static-bins");
+    let run = |package: &str, args: &str, path: Option<&str>| {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg(wrapper).arg("echo").args(args.split(' '));
+        cmd.env("CARGO_PKG_NAME", package);
+        if let Some(path) = path {
+            cmd.env("PATH", path);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{args}");
+        let echoed = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        (echoed, String::from_utf8(out.stderr).unwrap())
+    };
+    let flags = " -C target-feature=+crt-static -C relocation-model=static";
+    let linux = "--target x86_64-unknown-linux-gnu";
+    let has_libc_a = std::process::Command::new("cc")
+        .arg("-print-file-name=libc.a")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"/"));
+    for (package, args, gets_flags) in [
+        (
+            "loopx",
+            format!("--crate-name loopx --edition=2024 src/main.rs --crate-type bin {linux}"),
+            has_libc_a,
+        ),
+        (
+            "loopx",
+            format!("--crate-name loopx --crate-type bin {linux}"),
+            has_libc_a,
+        ),
+        (
+            "loopx",
+            format!("--crate-name loopx --crate-type lib {linux}"),
+            false,
+        ),
+        ("loopx", format!("--crate-name loopx --test {linux}"), false),
+        (
+            "loopx",
+            format!("--crate-name loopx_wasm --crate-type bin {linux}"),
+            false,
+        ),
+        (
+            "loopx",
+            "--crate-name loopx --crate-type bin --target aarch64-apple-darwin".into(),
+            false,
+        ),
+        (
+            "serde",
+            format!("--crate-name serde --crate-type bin {linux}"),
+            false,
+        ),
+    ] {
+        let want = if gets_flags {
+            format!("{args}{flags}")
+        } else {
+            args.clone()
+        };
+        assert_eq!(run(package, &args, None).0, want, "{package}: {args}");
+    }
+    // Without glibc's libc.a it warns and links dynamically.
+    let dir = tempfile::tempdir().unwrap();
+    let cc = dir.path().join("cc");
+    std::fs::write(&cc, "#!/bin/sh\necho libc.a\n").unwrap();
+    std::fs::set_permissions(&cc, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let args = format!("--crate-name loopx --crate-type bin {linux}");
+    let (echoed, warning) = run("loopx", &args, Some(&path));
+    assert_eq!(echoed, args);
+    assert!(warning.contains("libc.a not found"), "{warning}");
+}
