@@ -820,6 +820,16 @@ fn output_into_a_closed_pipe_ends_quietly() {
     }
 }
 
+/// Whether `cc` finds glibc's `libc.a`: the check `.cargo/static-bins` makes before linking
+/// `loopx` statically.
+#[cfg(unix)]
+fn glibc_static_library_installed() -> bool {
+    std::process::Command::new("cc")
+        .arg("-print-file-name=libc.a")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"/"))
+}
+
 #[test]
 #[cfg(all(target_os = "linux", target_env = "gnu", target_arch = "x86_64"))]
 fn loopx_is_linked_statically_where_glibc_allows() {
@@ -845,11 +855,7 @@ fn loopx_is_linked_statically_where_glibc_allows() {
     // `.cargo/static-bins` links `loopx` with `+crt-static` and position-dependent, which saves
     // every command of a tick its shared libraries and relocations; it stays dynamic only when
     // glibc's static libraries are not installed.
-    let libc_a = std::process::Command::new("cc")
-        .args(["-print-file-name=libc.a"])
-        .output()
-        .unwrap();
-    if !String::from_utf8_lossy(&libc_a.stdout).starts_with('/') {
+    if !glibc_static_library_installed() {
         eprintln!("glibc's libc.a is not installed: loopx is dynamic by design");
         return;
     }
@@ -892,10 +898,7 @@ fn the_static_link_wrapper_adds_its_flags_to_the_loopx_executable_alone() {
     };
     let flags = " -C target-feature=+crt-static -C relocation-model=static";
     let linux = "--target x86_64-unknown-linux-gnu";
-    let has_libc_a = std::process::Command::new("cc")
-        .arg("-print-file-name=libc.a")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"/"));
+    let has_libc_a = glibc_static_library_installed();
     for (package, args, gets_flags) in [
         (
             "loopx",
