@@ -24,6 +24,7 @@ mod summary;
 mod todo;
 mod turn;
 
+use std::cell::{OnceCell, RefCell, RefMut};
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -109,7 +110,8 @@ pub struct Nested<T: Subcommand> {
     pub command: T,
 }
 
-/// What every command may need: where to find the project and who is calling.
+/// What every command may need: where to find the project, who is calling, and the project's
+/// kernel, opened on first use and kept for the rest of the process.
 pub struct Context {
     pub root: Option<PathBuf>,
     pub cwd: PathBuf,
@@ -119,6 +121,7 @@ pub struct Context {
     pub env_agent_id: Option<String>,
     /// `LOOPX_CLAIM_KEY`: the lease proof the turn driver hands its host.
     pub env_claim_key: Option<String>,
+    kernel: OnceCell<RefCell<Kernel>>,
 }
 
 impl Context {
@@ -132,6 +135,7 @@ impl Context {
             turn_key: var("LOOPX_TURN_KEY"),
             env_agent_id: var("LOOPX_AGENT_ID"),
             env_claim_key: var("LOOPX_CLAIM_KEY"),
+            kernel: OnceCell::new(),
         })
     }
 
@@ -139,8 +143,29 @@ impl Context {
         ProjectPaths::discover(self.root.as_deref(), &self.cwd)
     }
 
-    pub fn kernel(&self) -> Result<Kernel> {
-        Kernel::open(self.paths()?)
+    /// The project's kernel, opened by the first call. One borrow at a time: a command takes it,
+    /// uses it, and lets it go before anything else asks.
+    pub fn kernel(&self) -> Result<RefMut<'_, Kernel>> {
+        let kernel = match self.kernel.get() {
+            Some(kernel) => kernel,
+            None => {
+                let opened = Kernel::open(self.paths()?)?;
+                self.kernel.get_or_init(|| RefCell::new(opened))
+            }
+        };
+        Ok(kernel
+            .try_borrow_mut()
+            .expect("a command holds at most one borrow of the kernel"))
+    }
+
+    /// Ends the process's use of the kernel without closing the store. The process exits next,
+    /// and the exit releases everything closing would (SQLite's locks, mappings, descriptors and
+    /// memory); closing does no durable work here, as every transaction has committed or rolled
+    /// back by now and a close never checkpoints (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). Closing
+    /// cost 3-4 % of each tick command (docs/benchmarks.md). Only the process's own `main` may
+    /// call this: a long-lived caller would leak a connection per call.
+    fn release_at_exit(self) {
+        std::mem::forget(self.kernel);
     }
 
     /// The agent this process acts as for claims and decisions (flag, then env, then default).
@@ -240,7 +265,9 @@ pub fn exec_wasm_host(_ctx: &Context, _command: Command) -> Result<Output> {
     )))
 }
 
-/// Runs the CLI with the process arguments; returns the exit code.
+/// Runs the CLI with the process arguments and returns the exit code, which the caller, a
+/// binary's `main`, exits with at once (the store is left for the exit to release:
+/// [`Context::release_at_exit`]).
 pub fn main(wasm: WasmDispatch) -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -257,8 +284,14 @@ pub fn main(wasm: WasmDispatch) -> i32 {
     {
         format = Format::Json;
     }
-    let result = Context::from_env(cli.root).and_then(|ctx| dispatch(&ctx, cli.command, wasm));
-    match result {
+    let ctx = match Context::from_env(cli.root) {
+        Ok(ctx) => ctx,
+        Err(err) => {
+            report_error(&err, format);
+            return err.exit_code();
+        }
+    };
+    let code = match dispatch(&ctx, cli.command, wasm) {
         Ok(output) => match write_stdout(&output.render(format)) {
             Ok(()) => 0,
             Err(err) => {
@@ -270,7 +303,9 @@ pub fn main(wasm: WasmDispatch) -> i32 {
             report_error(&err, format);
             err.exit_code()
         }
-    }
+    };
+    ctx.release_at_exit();
+    code
 }
 
 /// Writes a command's output. A reader that went away (`loopx ... | head -1`) is not an error:
