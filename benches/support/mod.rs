@@ -76,7 +76,14 @@ pub fn seed(dir: &Path, todos: usize, history: usize) -> Kernel {
 
 /// Runs `cmd` to completion, capturing its output, and returns the time from spawn to exit. Every
 /// process a benchmark times, the floors included, goes through here, so all pay the same spawn.
+///
+/// Without Cargo's `LD_LIBRARY_PATH`: `cargo bench` points it at the toolchain's and the target
+/// directory's libraries, so the dynamic loader of a dynamically linked floor process (`true`)
+/// searched four directories for libc before its own, 0.14-0.19 ms a spawn, while the static
+/// `loopx` never looks. The floor then came out higher under `cargo bench` than with the bench
+/// binary run directly, and the tick's ratio to it lower (2.2-2.3x against 2.6x in one session).
 fn timed(cmd: &mut Command) -> Duration {
+    cmd.env_remove("LD_LIBRARY_PATH");
     let start = Instant::now();
     let out = cmd.output().unwrap();
     let took = start.elapsed();
@@ -173,11 +180,23 @@ pub fn manual_tick_at(bin: &Path, dir: &Path, r: usize) -> [Duration; 5] {
     ]
 }
 
+/// The floor process: `true`, found on `PATH` once, so that no spawn pays for a `PATH` search
+/// (`loopx` is spawned by its path too).
+fn true_process() -> Command {
+    static TRUE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let path = TRUE.get_or_init(|| {
+        let path = std::env::var_os("PATH").expect("PATH is set");
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("true"))
+            .find(|candidate| candidate.is_file())
+            .expect("`true` is on PATH")
+    });
+    Command::new(path)
+}
+
 /// `rounds` times spawning `true` and waiting for it.
 pub fn spawn_samples(rounds: usize) -> Vec<Duration> {
-    (0..rounds)
-        .map(|_| timed(&mut Command::new("true")))
-        .collect()
+    (0..rounds).map(|_| timed(&mut true_process())).collect()
 }
 
 /// The floor in the tick's own shape, timed as a whole: a spawn of `true` (should-run, which
@@ -189,9 +208,9 @@ pub fn floor_sequence(dir: &Path) -> Duration {
     let path = dir.join("fsync-sequence-probe");
     let mut f = std::fs::File::create(&path).unwrap();
     let start = Instant::now();
-    timed(&mut Command::new("true"));
+    timed(&mut true_process());
     for _ in 0..4 {
-        timed(&mut Command::new("true"));
+        timed(&mut true_process());
         f.write_all(&[7u8; 4096]).unwrap();
         f.sync_all().unwrap();
     }
