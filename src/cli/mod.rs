@@ -162,8 +162,8 @@ impl Context {
     /// and the exit releases everything closing would (SQLite's locks, mappings, descriptors and
     /// memory); closing does no durable work here, as every transaction has committed or rolled
     /// back by now and a close never checkpoints (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). Closing
-    /// cost 3-4 % of each tick command (docs/benchmarks.md). Only the process's own `main` may
-    /// call this: a long-lived caller would leak a connection per call.
+    /// cost about 0.1 ms a process, 6 % of `quota should-run` (docs/benchmarks.md). Only the
+    /// process's own `main` may call this: a long-lived caller would leak a connection per call.
     fn release_at_exit(self) {
         std::mem::forget(self.kernel);
     }
