@@ -360,3 +360,171 @@ fn a_waiting_loop_settles_a_crashed_agents_turn() {
     assert_eq!(p.todo_status("t1"), "completed");
     assert_eq!(work_log(&p), vec![("a2".to_string(), "t1".to_string())]);
 }
+
+/// Host: logs "<agent> <todo>", works long enough for a second turn to overlap it, completes.
+const SLOW_WORKER: &str = r#"cat >/dev/null
+echo "$LOOPX_AGENT_ID $LOOPX_TODO_ID" >> work.log
+sleep 0.4
+printf '{"schema_version":"loopx.turn_result.v1","status":"completed","summary":"did %s","evidence":[{"text":"%s by %s"}]}' "$LOOPX_TODO_ID" "$LOOPX_TODO_ID" "$LOOPX_AGENT_ID"
+"#;
+
+/// Two overlapping `turn run` of the same agent (a cron tick overlapping the previous one):
+/// the lease is worked by one turn, the other exits 4 (or finds nothing to do) and never runs
+/// its host; one evidence row and one spend per accepted turn, over many rounds.
+#[test]
+fn overlapping_turns_of_one_agent_run_the_host_once_per_lease() {
+    let p = Project::with_goal_g();
+    let host = p.script("slow.sh", SLOW_WORKER);
+    let rounds = 6;
+    let mut refused = 0;
+    for round in 1..=rounds {
+        let todo = format!("t{round}");
+        p.add_work(&todo);
+        let args = turn_run("a1", &["--trust-host-completion"], &[&host]);
+        let first = p.spawn(&args);
+        let second = p.spawn(&args);
+        let codes: Vec<i32> = [first, second]
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .map(|o| {
+                let code = o.status.code().unwrap_or(-1);
+                assert!(
+                    code == 0 || code == 4,
+                    "round {round}: exit {code}: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                if code == 4 {
+                    let err = String::from_utf8_lossy(&o.stderr);
+                    assert!(err.contains("one turn works a lease"), "{err}");
+                }
+                code
+            })
+            .collect();
+        refused += codes.iter().filter(|c| **c == 4).count();
+        let runs_of_todo = work_log(&p).iter().filter(|(_, t)| *t == todo).count();
+        assert_eq!(runs_of_todo, 1, "round {round}: the host ran {runs_of_todo} times");
+        assert_eq!(p.evidence_count(&todo), 1, "round {round}");
+        assert_eq!(p.todo_status(&todo), "completed", "round {round}");
+        assert_eq!(p.spends().len(), round, "round {round}: one spend per turn");
+    }
+    // The hosts overlap by 0.4 s: most rounds race, and a race is refused with exit 4.
+    assert!(refused >= rounds / 2, "only {refused} of {rounds} rounds overlapped");
+}
+
+/// `--allowed-slots` holds with parallel loops of different agents, and `--per-agent-cap` with
+/// parallel turns of one agent on different todos: a turn reserves its slot in the transaction
+/// that starts it, so the check and the spend never interleave with another turn's.
+#[test]
+fn quota_limits_hold_under_parallel_turns() {
+    for round in 1..=3 {
+        let p = Project::with_goal_g();
+        for i in 1..=12 {
+            p.add_work(&format!("t{i}"));
+        }
+        p.ok(&["quota", "set", "--goal-id", "g", "--allowed-slots", "3"]);
+        let host = p.script("slow.sh", SLOW_WORKER);
+        let agents: Vec<String> = (1..=6).map(|i| format!("a{i}")).collect();
+        let loops: Vec<_> = agents
+            .iter()
+            .map(|a| p.spawn(&loop_args(a, &host)))
+            .collect();
+        for l in loops {
+            finish(l);
+        }
+        let spent = p.spent_slots();
+        let ran = work_log(&p).len();
+        assert!(spent <= 3, "round {round}: {spent} slots spent with 3 allowed");
+        assert_eq!(ran as i64, spent, "round {round}: one host run per spend");
+    }
+    for round in 1..=3 {
+        let p = Project::with_goal_g();
+        for i in 1..=4 {
+            p.add_work(&format!("t{i}"));
+        }
+        p.ok(&["quota", "set", "--goal-id", "g", "--per-agent-cap", "2"]);
+        let host = p.script("slow.sh", SLOW_WORKER);
+        let turns: Vec<_> = (1..=4)
+            .map(|i| {
+                let todo = format!("t{i}");
+                p.spawn(&[
+                    "turn",
+                    "run",
+                    "--goal-id",
+                    "g",
+                    "--agent-id",
+                    "a1",
+                    "--todo-id",
+                    &todo,
+                    "--trust-host-completion",
+                    "--",
+                    &host,
+                ])
+            })
+            .collect();
+        for t in turns {
+            let out = t.wait_with_output().unwrap();
+            let code = out.status.code().unwrap_or(-1);
+            assert!(
+                code == 0 || code == 4,
+                "round {round}: exit {code}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let spent = p.spent_slots();
+        assert!(spent <= 2, "round {round}: {spent} slots spent with a cap of 2");
+        assert_eq!(work_log(&p).len() as i64, spent, "round {round}");
+    }
+}
+
+/// The README's loop with a host that claims `completed` and no validator: the loop stops with
+/// `no_validated_progress` after the default three unproven turns on the todo, not after ten.
+#[test]
+fn unvalidated_claims_on_one_todo_stop_the_loop() {
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    let host = p.script(
+        "claims.sh",
+        r#"cat >/dev/null
+echo "$LOOPX_AGENT_ID $LOOPX_TODO_ID" >> work.log
+printf '{"schema_version":"loopx.turn_result.v1","status":"completed","summary":"said so"}'
+"#,
+    );
+    let out = p.json(&["loop", "--goal-id", "g", "--agent-id", "a1", "--", &host]);
+    let report = &out["loop"];
+    assert_eq!(report["final_disposition"], "no_validated_progress");
+    assert_eq!(report["turns"].as_array().unwrap().len(), 3);
+    assert!(
+        report["stop_reason"]
+            .as_str()
+            .unwrap()
+            .contains("--validate-json"),
+        "{report}"
+    );
+    assert_eq!(p.spent_slots(), 3);
+    assert_eq!(p.todo_status("t1"), "open");
+
+    // A validator that passes proves each turn: the loop keeps going on the same todo.
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    let host = p.script(
+        "progress.sh",
+        r#"cat >/dev/null
+printf '{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"step"}'
+"#,
+    );
+    let out = p.json(&[
+        "loop",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--max-turns",
+        "5",
+        "--validate-json",
+        r#"["true"]"#,
+        "--",
+        &host,
+    ]);
+    assert_eq!(out["loop"]["final_disposition"], "terminal");
+    assert_eq!(out["loop"]["turns"].as_array().unwrap().len(), 5);
+}

@@ -10,13 +10,13 @@ use super::turn::TurnArgs;
 use super::{Context, opt};
 use crate::error::Result;
 use crate::turn::host::install_stop_handlers;
-use crate::turn::loop_ctl::{LoopRequest, run_loop};
+use crate::turn::loop_ctl::{DEFAULT_MAX_UNVALIDATED_TURNS, LoopRequest, run_loop};
 
 #[derive(Debug, Args)]
 pub struct LoopArgs {
     #[command(flatten)]
     pub turn: TurnArgs,
-    /// Most turns this loop runs.
+    /// Most turns this loop runs (default 10).
     #[arg(long, default_value_t = 10)]
     pub max_turns: u32,
     /// Stop once nothing is runnable for this agent and no other agent holds work on the goal
@@ -29,6 +29,10 @@ pub struct LoopArgs {
     /// Failed turns in a row after which the loop stops with `repair`.
     #[arg(long, default_value_t = 2)]
     pub max_consecutive_failures: u32,
+    /// Turns in a row on one todo whose delivery no validator proved, after which the loop stops
+    /// with `no_validated_progress` instead of spending more quota.
+    #[arg(long, default_value_t = DEFAULT_MAX_UNVALIDATED_TURNS)]
+    pub max_unvalidated_turns: u32,
 }
 
 pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
@@ -41,6 +45,7 @@ pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
             .max_sleep_seconds
             .unwrap_or(if args.until_idle { 1 } else { 60 }),
         max_consecutive_failures: args.max_consecutive_failures,
+        max_unvalidated_turns: args.max_unvalidated_turns,
     };
     install_stop_handlers();
     let max = req.max_turns;

@@ -6,7 +6,7 @@ use serde_json::json;
 use super::output::Output;
 use super::{Context, opt};
 use crate::clock::rfc3339;
-use crate::error::{Result, bad_input};
+use crate::error::{Result, bad_input, conflict};
 use crate::turn::JournalStatus;
 use crate::turn::driver::{
     DEFAULT_TIMEOUT_SECONDS, TurnOutcome, TurnRequest, inspect, list_turns, plan, recover,
@@ -181,6 +181,12 @@ pub fn run(ctx: &Context, cmd: TurnCommand) -> Result<Output> {
             req.turn_key = turn_key;
             install_stop_handlers();
             let mut o = run_turn(&mut kernel, &req)?;
+            if let Some(working) = &o.working_turn {
+                return Err(conflict(format!(
+                    "{}: this turn did not start; wait for turn '{working}' to settle (`loopx turn inspect --turn-key {working}`)",
+                    o.reason
+                )));
+            }
             if o.kind.is_some() && !o.replayed {
                 o.warnings
                     .extend(refresh_projection(&mut kernel, &o.goal_id));

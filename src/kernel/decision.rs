@@ -58,7 +58,13 @@ pub struct Decision {
     pub scheduler_action: &'static str,
     pub next_check_after_seconds: u64,
     pub decided_at: i64,
+    /// The live turn already working the lease this agent holds (route `wait`).
+    pub working_turn: Option<String>,
 }
+
+/// How long a second turn of the same agent waits before deciding again while the first one
+/// works the lease. Turns take seconds to minutes; polling every few seconds costs one read.
+pub const WAIT_FOR_TURN_SECONDS: u64 = 5;
 
 impl Decision {
     pub fn should_run(&self) -> bool {
@@ -310,6 +316,7 @@ pub(crate) fn decide_in_tx(
         scheduler_action: "backoff_until_state_change",
         next_check_after_seconds: 300,
         decided_at: now,
+        working_turn: None,
     };
     let (route, reason, action, after): (TurnRoute, String, &'static str, u64) = if goal.status
         == GoalStatus::Closed
@@ -360,28 +367,57 @@ pub(crate) fn decide_in_tx(
             .oldest_spend_since(goal_id, now - policy.window_ms())?
             .map(|t| ((t + policy.window_ms() - now).max(0) / 1000 + 1) as u64)
             .unwrap_or(60);
+        // A running turn that settles without spending gives its slot back long before the
+        // window frees one.
+        let held = d.quota.reserved_slots + d.quota.agent_reserved_slots.unwrap_or(0);
+        let after = if held > 0 {
+            after.min(WAIT_FOR_TURN_SECONDS)
+        } else {
+            after
+        };
+        let running = match d.quota.reserved_slots {
+            0 => String::new(),
+            n => format!(", {n} more held by running turns"),
+        };
         (
             TurnRoute::Wait,
             format!(
-                "compute quota {}: {} of {} slots spent in the {}-hour window",
+                "compute quota {}: {} of {} slots spent in the {}-hour window{running}",
                 d.quota.state, d.quota.spent_slots, d.quota.allowed_slots, policy.window_hours
             ),
             "wait_for_quota",
             after,
         )
     } else if let Some(held) = tx.claimed_by(goal_id, agent_id, now)? {
-        let key = held
-            .claim
-            .as_ref()
-            .map(|c| c.idempotency_key.clone())
-            .unwrap_or_default();
-        let reason = format!("agent '{agent_id}' holds todo '{}'; continue it", held.id);
-        d.selected_todo = Some(SelectedTodo {
-            todo: held,
-            selected_by: "current_claim",
-            claim_key: key,
-        });
-        (TurnRoute::ReadyForHost, reason, "run_now", 0)
+        if let Some((turn_key, _)) = tx.unsettled_turn_on(goal_id, &held.id)? {
+            // A lease is worked by one live turn at a time: a second turn of the same agent (a
+            // cron tick overlapping the previous one) waits instead of running its host on the
+            // same fence.
+            let reason = format!(
+                "todo '{}' held by agent '{agent_id}' is being worked by turn '{turn_key}'; one turn works a lease at a time",
+                held.id
+            );
+            d.working_turn = Some(turn_key);
+            (
+                TurnRoute::Wait,
+                reason,
+                "wait_for_turn",
+                WAIT_FOR_TURN_SECONDS,
+            )
+        } else {
+            let key = held
+                .claim
+                .as_ref()
+                .map(|c| c.idempotency_key.clone())
+                .unwrap_or_default();
+            let reason = format!("agent '{agent_id}' holds todo '{}'; continue it", held.id);
+            d.selected_todo = Some(SelectedTodo {
+                todo: held,
+                selected_by: "current_claim",
+                claim_key: key,
+            });
+            (TurnRoute::ReadyForHost, reason, "run_now", 0)
+        }
     } else if let Some(todo) = tx.ready_todos(goal_id, now, 1)?.pop() {
         let reason = format!(
             "todo '{}' [{}] is ready: {}",

@@ -434,12 +434,10 @@ impl GoalProjection {
         cache_lines: bool,
     ) -> Result<GoalProjection> {
         let goal = super::require_goal(tx, goal_id)?;
-        let policy = tx.quota_policy(goal_id)?.unwrap_or_default();
-        let spent = tx.spent_since(goal_id, now - policy.window_ms(), None)?;
         Ok(GoalProjection {
             todos: RenderedTodos::read(tx, goal_id, now, cache_lines)?,
             evidence: tx.recent_evidence(goal_id, 50)?,
-            quota: quota::QuotaView::new(&policy, spent, None),
+            quota: quota::view_in_tx(tx, goal_id, None, now)?,
             goal,
             now,
         })

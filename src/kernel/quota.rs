@@ -18,8 +18,12 @@ use crate::ids::validate_token;
 pub struct QuotaView {
     pub allowed_slots: i64,
     pub spent_slots: i64,
+    /// Slots held by running turns that have not spent yet (each turn reserves one when it
+    /// starts and turns it into a spend, or gives it back, when it settles).
+    pub reserved_slots: i64,
     pub remaining_slots: i64,
     pub agent_spent_slots: Option<i64>,
+    pub agent_reserved_slots: Option<i64>,
     pub per_agent_cap: Option<i64>,
     /// `eligible`, `throttled` (window used up), `agent_capped`, or `paused` (compute 0).
     pub state: &'static str,
@@ -27,14 +31,24 @@ pub struct QuotaView {
 }
 
 impl QuotaView {
-    pub fn new(policy: &QuotaPolicy, spent: i64, agent_spent: Option<i64>) -> QuotaView {
+    /// `reserved` is `(the goal's, the agent's)` slots held by running turns; they count
+    /// against both limits exactly like spent ones.
+    pub fn new(
+        policy: &QuotaPolicy,
+        spent: i64,
+        agent_spent: Option<i64>,
+        reserved: (i64, i64),
+    ) -> QuotaView {
         let allowed = policy.allowed_slots();
+        let (reserved, agent_reserved) = reserved;
+        let agent_reserved = agent_spent.map(|_| agent_reserved);
         let state = if policy.compute <= 0.0 && policy.allowed_slots.is_none() || allowed <= 0 {
             "paused"
-        } else if spent >= allowed {
+        } else if spent + reserved >= allowed {
             "throttled"
-        } else if let (Some(cap), Some(a)) = (policy.per_agent_cap, agent_spent)
-            && a >= cap
+        } else if let (Some(cap), Some(a), Some(r)) =
+            (policy.per_agent_cap, agent_spent, agent_reserved)
+            && a + r >= cap
         {
             "agent_capped"
         } else {
@@ -43,8 +57,10 @@ impl QuotaView {
         QuotaView {
             allowed_slots: allowed,
             spent_slots: spent,
-            remaining_slots: (allowed - spent).max(0),
+            reserved_slots: reserved,
+            remaining_slots: (allowed - spent - reserved).max(0),
             agent_spent_slots: agent_spent,
+            agent_reserved_slots: agent_reserved,
             per_agent_cap: policy.per_agent_cap,
             state,
             policy: policy.clone(),
@@ -55,8 +71,10 @@ impl QuotaView {
         json!({
             "allowed_slots": self.allowed_slots,
             "spent_slots": self.spent_slots,
+            "reserved_slots": self.reserved_slots,
             "remaining_slots": self.remaining_slots,
             "agent_spent_slots": self.agent_spent_slots,
+            "agent_reserved_slots": self.agent_reserved_slots,
             "per_agent_cap": self.per_agent_cap,
             "state": self.state,
             "policy": self.policy,
@@ -108,7 +126,8 @@ pub(crate) fn view_in_tx(
         Some(a) => Some(tx.spent_since(goal_id, since, Some(a))?),
         None => None,
     };
-    Ok(QuotaView::new(&policy, spent, agent_spent))
+    let reserved = tx.reserved_slots(goal_id, agent_id)?;
+    Ok(QuotaView::new(&policy, spent, agent_spent, reserved))
 }
 
 fn check_effect_id(effect_id: &str) -> Result<()> {

@@ -188,11 +188,27 @@ pub trait StoreTx {
     fn extension_revisions(&self, id: &str) -> Result<Vec<ExtensionRecord>>;
     fn set_extension_active(&self, id: &str, revision: Option<i64>, enabled: bool) -> Result<()>;
     fn delete_extension(&self, id: &str) -> Result<()>;
+    /// The recorded artifact digest for a component compiled for an engine fingerprint.
+    fn component_artifact(
+        &self,
+        component_sha256: &str,
+        engine_key: &str,
+    ) -> Result<Option<ArtifactRecord>>;
+    /// Records (or replaces) the digest of the artifact just compiled from a verified component.
+    fn record_component_artifact(&self, record: &ArtifactRecord) -> Result<()>;
+    /// Every recorded artifact digest (for `doctor`).
+    fn component_artifacts(&self) -> Result<Vec<ArtifactRecord>>;
 
     // Turn journal.
     fn turn(&self, turn_key: &str) -> Result<Option<TurnRecord>>;
     fn upsert_turn(&self, turn: &TurnRecord) -> Result<()>;
     fn unsettled_turns(&self, goal_id: Option<&str>) -> Result<Vec<TurnRecord>>;
+    /// Quota slots held by the goal's unsettled turns that have not reached their spend phase:
+    /// `(all agents, agent_id's)`. A turn reserves its slot in the transaction that starts it, so
+    /// the quota check and the spend cannot interleave with another turn's.
+    fn reserved_slots(&self, goal_id: &str, agent_id: Option<&str>) -> Result<(i64, i64)>;
+    /// The unsettled turn working `todo_id`, if any: `(turn key, agent id)`.
+    fn unsettled_turn_on(&self, goal_id: &str, todo_id: &str) -> Result<Option<(String, String)>>;
     /// The newest `limit` turns, optionally of one goal and one journal status, newest first.
     fn recent_turns(
         &self,

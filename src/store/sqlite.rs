@@ -1510,6 +1510,33 @@ impl StoreTx for SqliteTx<'_> {
             .map_err(self.err("listing unsettled turns"))
     }
 
+    fn reserved_slots(&self, goal_id: &str, agent_id: Option<&str>) -> Result<(i64, i64)> {
+        // `turns_unsettled (status, goal_id)` bounds this by the goal's live turns, never by the
+        // journal's history.
+        self.conn
+            .prepare_cached(
+                "SELECT COUNT(*), COALESCE(SUM(agent_id = ?2), 0) FROM turns \
+                 WHERE status = 'in_progress' AND goal_id = ?1 AND instr(phases, '\"quota_spend\"') = 0",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![goal_id, agent_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            })
+            .map_err(self.err("counting the slots reserved by running turns"))
+    }
+
+    fn unsettled_turn_on(&self, goal_id: &str, todo_id: &str) -> Result<Option<(String, String)>> {
+        self.conn
+            .prepare_cached(
+                "SELECT turn_key, agent_id FROM turns \
+                 WHERE status = 'in_progress' AND goal_id = ?1 AND todo_id = ?2 LIMIT 1",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![goal_id, todo_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
+            .map_err(self.err("finding the turn working a todo"))
+    }
+
     fn recent_turns(
         &self,
         goal_id: Option<&str>,

@@ -33,7 +33,7 @@ use crate::error::{LoopxError, Result, bad_input, conflict, not_found};
 use crate::ids::{new_ulid, validate_token};
 use crate::kernel::admission::admit_in_tx;
 use crate::kernel::claim::{ClaimRequest, MAX_TTL_SECONDS, claim_in_tx, release_in_tx};
-use crate::kernel::decision::{Decision, TurnRoute, decide_in_tx};
+use crate::kernel::decision::{Decision, TurnRoute, WAIT_FOR_TURN_SECONDS, decide_in_tx};
 use crate::kernel::model::{Run, TodoStatus};
 use crate::kernel::quota::{SpendRequest, spend_in_tx};
 use crate::kernel::run::record_run_in_tx;
@@ -201,6 +201,11 @@ pub struct TurnOutcome {
     pub next_check_after_seconds: u64,
     pub elapsed_ms: u64,
     pub warnings: Vec<String>,
+    /// No turn started because this live turn already works the lease (`turn run` exits 4).
+    pub working_turn: Option<String>,
+    /// The turn's delivery was proven: a validator ran and passed, or the todo's completion
+    /// stands (validated or trusted with `--trust-host-completion`).
+    pub validated: bool,
 }
 
 impl TurnOutcome {
@@ -227,6 +232,8 @@ impl TurnOutcome {
             next_check_after_seconds: d.next_check_after_seconds,
             elapsed_ms,
             warnings: Vec::new(),
+            working_turn: d.working_turn.clone(),
+            validated: false,
         }
     }
 
@@ -261,6 +268,11 @@ impl TurnOutcome {
                 .map(|s| (s - data.started_at).max(0) as u64)
                 .unwrap_or(0),
             warnings: Vec::new(),
+            working_turn: None,
+            validated: data
+                .validation
+                .as_ref()
+                .is_some_and(|v| (v.ran && v.passed) || v.completion_validated),
         }
     }
 
@@ -509,6 +521,19 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
                 .expect("ready routes select a todo"),
             _ => return Ok(Err(d)),
         };
+        // Checked inside the transaction that would start the turn, so two overlapping turns of
+        // one agent cannot both pass it: the second never runs its host on the same fence.
+        if let Some((working, _)) = tx.unsettled_turn_on(&req.goal_id, &todo_id)? {
+            let mut d = d;
+            d.route = TurnRoute::Wait;
+            d.reason = format!(
+                "todo '{todo_id}' is being worked by turn '{working}'; one turn works a lease at a time"
+            );
+            d.scheduler_action = "wait_for_turn";
+            d.next_check_after_seconds = WAIT_FOR_TURN_SECONDS;
+            d.working_turn = Some(working);
+            return Ok(Err(d));
+        }
         let held = d
             .selected_todo
             .as_ref()

@@ -24,16 +24,21 @@ use crate::kernel::model::wire_enum;
 pub const LOOP_SCHEMA: &str = "loopx.loop_report.v1";
 
 wire_enum!(
-    /// What the loop does next.
+    /// What the loop does next. `no_validated_progress`: turns kept reporting delivery on one
+    /// todo that nothing proved, so the loop stops before it spends more quota on them.
     LoopDisposition {
         RunNow => "run_now",
         Wait => "wait",
         UserActionRequired => "user_action_required",
         Repair => "repair",
         Replan => "replan",
+        NoValidatedProgress => "no_validated_progress",
         Terminal => "terminal",
     }
 );
+
+/// Default for `--max-unvalidated-turns`.
+pub const DEFAULT_MAX_UNVALIDATED_TURNS: u32 = 3;
 
 /// The bounded turn budget of one `loopx loop`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -44,6 +49,10 @@ pub struct Budget {
     pub consecutive_failures: u32,
     /// This many failures in a row turn into `repair` (the loop stops).
     pub max_consecutive_failures: u32,
+    /// Turns in a row on the same todo whose delivery no validator proved.
+    pub unvalidated_turns: u32,
+    /// This many unvalidated turns in a row on one todo stop the loop (`no_validated_progress`).
+    pub max_unvalidated_turns: u32,
 }
 
 impl Budget {
@@ -53,7 +62,24 @@ impl Budget {
             completed_turns: 0,
             consecutive_failures: 0,
             max_consecutive_failures,
+            unvalidated_turns: 0,
+            max_unvalidated_turns: DEFAULT_MAX_UNVALIDATED_TURNS,
         }
+    }
+
+    /// Counts a settled turn; `same_todo` says it worked the todo the previous turn worked.
+    pub fn record_turn(&mut self, outcome: &TurnOutcome, same_todo: bool) {
+        let Some(kind) = outcome.kind else { return };
+        self.record(kind);
+        let unproven = matches!(
+            kind,
+            TurnResultKind::ValidatedProgress | TurnResultKind::ValidatedCompletion
+        ) && !outcome.validated;
+        self.unvalidated_turns = match (unproven, same_todo) {
+            (false, _) => 0,
+            (true, true) => self.unvalidated_turns + 1,
+            (true, false) => 1,
+        };
     }
 
     pub fn remaining(&self) -> u32 {
@@ -81,6 +107,7 @@ impl Budget {
 /// | last turn `user_action_required` | `user_action_required` |
 /// | last turn `wait` | `wait` |
 /// | last turn a failure kind, `max_consecutive_failures` in a row | `repair` |
+/// | `max_unvalidated_turns` unproven deliveries in a row on one todo | `no_validated_progress` |
 /// | route `ready_for_host` | `run_now` |
 /// | route `replan_required` | `replan` |
 /// | route `repair_required` | `repair` |
@@ -109,6 +136,9 @@ pub fn decide_loop(
             _ => {}
         }
     }
+    if budget.unvalidated_turns >= budget.max_unvalidated_turns {
+        return LoopDisposition::NoValidatedProgress;
+    }
     match decision_route {
         TurnRoute::ReadyForHost => LoopDisposition::RunNow,
         TurnRoute::ReplanRequired => LoopDisposition::Replan,
@@ -131,6 +161,8 @@ pub struct LoopRequest {
     /// Longest sleep between decisions.
     pub max_sleep_seconds: u64,
     pub max_consecutive_failures: u32,
+    /// Unproven deliveries in a row on one todo after which the loop stops.
+    pub max_unvalidated_turns: u32,
 }
 
 /// What a loop did.
@@ -185,7 +217,13 @@ pub fn run_loop(
     let started = Instant::now();
     let goal_id = req.turn.goal_id.clone();
     let agent_id = req.turn.agent_id.clone();
+    if req.max_unvalidated_turns == 0 {
+        return Err(bad_input(
+            "--max-unvalidated-turns must be at least 1 (use a large number to allow more)",
+        ));
+    }
     let mut budget = Budget::new(req.max_turns, req.max_consecutive_failures.max(1));
+    budget.max_unvalidated_turns = req.max_unvalidated_turns;
     let mut turns: Vec<TurnOutcome> = Vec::new();
     let mut last: Option<TurnOutcome> = None;
     let max_sleep = Duration::from_secs(req.max_sleep_seconds.max(1));
@@ -222,12 +260,14 @@ pub fn run_loop(
                 let mut turn = req.turn.clone();
                 turn.turn_key = None;
                 let outcome = run_turn(kernel, &turn)?;
-                let Some(kind) = outcome.kind else {
-                    // Another agent took the work between the decision and the claim.
+                if outcome.kind.is_none() {
+                    // Another agent took the work between the decision and the claim, or another
+                    // turn of this agent works the lease.
                     sleep_interruptible(Duration::from_millis(100));
                     continue;
-                };
-                budget.record(kind);
+                }
+                let same_todo = turns.last().is_some_and(|l| l.todo_id == outcome.todo_id);
+                budget.record_turn(&outcome, same_todo);
                 if now_ms() - projected_at >= PROJECTION_INTERVAL_MS {
                     warnings.extend(refresh_projection(kernel, &goal_id));
                     projected_at = now_ms();
@@ -241,6 +281,19 @@ pub fn run_loop(
                     disposition,
                     decision.route,
                     format!("turn budget of {} used", budget.max_turns),
+                );
+            }
+            LoopDisposition::NoValidatedProgress => {
+                break (
+                    disposition,
+                    decision.route,
+                    format!(
+                        "{} turns in a row on todo '{}' reported delivery that no validator proved; \
+                         pass --validate-json with a command that checks the work (or \
+                         --trust-host-completion if the host's word is enough)",
+                        budget.unvalidated_turns,
+                        turns.last().and_then(|o| o.todo_id.as_deref()).unwrap_or("-")
+                    ),
                 );
             }
             LoopDisposition::Terminal | LoopDisposition::Repair => {
@@ -322,6 +375,7 @@ mod tests {
             next_check_after_seconds: 0,
             elapsed_ms: 0,
             warnings: Vec::new(),
+            working_turn: None,
         }
     }
 
