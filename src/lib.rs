@@ -9,6 +9,7 @@ pub mod cli;
 pub mod clock;
 pub mod error;
 pub mod ids;
+pub mod inert;
 pub mod kernel;
 pub mod paths;
 pub mod plugin;

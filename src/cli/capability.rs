@@ -64,10 +64,17 @@ pub(crate) fn read_input(ctx: &Context, path: &std::path::Path) -> Result<String
     Ok(text)
 }
 
-/// Prints captured plugin log lines to stderr (already stripped of escapes).
+/// Prints captured plugin log lines to stderr, inert (capture strips escape sequences, but not
+/// bidi controls or invisible characters).
 pub(crate) fn print_logs(logs: &[LogLine]) {
+    use crate::inert::line;
     for l in logs {
-        eprintln!("[{} {}] {}", l.plugin, l.stream, l.text);
+        eprintln!(
+            "[{} {}] {}",
+            line(&l.plugin),
+            line(&l.stream),
+            line(&l.text)
+        );
     }
 }
 

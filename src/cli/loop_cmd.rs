@@ -52,11 +52,12 @@ pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
     // Progress goes to stderr so `--format json` keeps stdout parseable.
     let report = run_loop(&mut kernel, &req, |n, _, o| {
         let mut err = std::io::stderr().lock();
+        // The line carries the turn's detail, which may quote the host's output: shown inert.
         let _ = writeln!(
             err,
             "turn {n}/{max} {} {}",
-            o.short_line(),
-            o.turn_key.as_deref().unwrap_or("")
+            crate::inert::line(&o.short_line()),
+            crate::inert::line(o.turn_key.as_deref().unwrap_or(""))
         );
     })?;
     let rows = report

@@ -271,9 +271,17 @@ pub fn exec_wasm_host(_ctx: &Context, _command: Command) -> Result<Output> {
 pub fn main(wasm: WasmDispatch) -> i32 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            // clap echoes the offending argument as typed: the error goes out as plain text made
+            // inert (help and version, which hold only our own text, keep clap's styling below).
+            use std::io::Write;
+            let text = e.render().to_string();
+            let _ = write!(std::io::stderr(), "{}", crate::inert::text(&text));
+            // clap uses 2 for usage errors, which is also our "bad input" code.
+            return 2;
+        }
         Err(e) => {
             let _ = e.print();
-            // clap uses 2 for usage errors, which is also our "bad input" code.
             return if e.use_stderr() { 2 } else { 0 };
         }
     };
@@ -339,7 +347,8 @@ fn report_error(err: &LoopxError, format: Format) {
         // Nothing more can be reported if stdout is gone too; stderr below still says it.
         let _ = write_stdout(&text);
     }
-    eprintln!("loopx: error: {message}");
+    // Messages echo input (ids, paths, values) and carry guest error text: shown inert.
+    eprintln!("loopx: error: {}", crate::inert::text(&message));
 }
 
 /// Formats an optional value for text output.

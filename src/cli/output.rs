@@ -3,8 +3,22 @@
 //!
 //! Commands build both from the same data, so the three formats can never disagree about what
 //! happened.
+//!
+//! Blocks hold the exact text, which may come from agents and plugins; the text and Markdown
+//! renderers below pass every piece of it through [`crate::inert`] as they write it, so no
+//! command can forget to, and JSON (rendered from `value`) keeps the exact text.
+//!
+//! Blocks hold the exact text, which may come from agents and plugins; the text and Markdown
+//! renderers below pass every piece of it through [`crate::inert`] as they write it, so no
+//! command can forget to, and JSON (rendered from `value`) keeps the exact text.
+//!
+//! Blocks hold the exact text, which may come from agents and plugins; the text and Markdown
+//! renderers below pass every piece of it through [`crate::inert`] as they write it, so no
+//! command can forget to, and JSON (rendered from `value`) keeps the exact text.
 
 use serde_json::Value;
+
+use crate::inert;
 
 /// Stable version tag on every JSON object the CLI prints.
 pub const CLI_SCHEMA: &str = "loopx.cli.v1";
@@ -101,12 +115,13 @@ fn render_text(blocks: &[Block]) -> String {
         }
         match block {
             Block::Heading(h) => {
-                out.push_str(h);
+                out.push_str(&inert::line(h));
                 out.push('\n');
             }
             Block::Fields(fields) => {
                 let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
                 for (k, v) in fields {
+                    let (k, v) = (inert::line(k), inert::line(v));
                     out.push_str(&format!("  {k:<width$}  {v}\n"));
                 }
             }
@@ -115,31 +130,38 @@ fn render_text(blocks: &[Block]) -> String {
                     out.push_str("  (none)\n");
                     continue;
                 }
-                let mut widths: Vec<usize> = headers.iter().map(String::len).collect();
-                for row in rows {
+                let cells = |row: &[String]| -> Vec<String> {
+                    row.iter()
+                        .map(|c| inert::line(&one_line(c)).into_owned())
+                        .collect()
+                };
+                let (headers, rows) = (cells(headers), rows.iter().map(|r| cells(r)));
+                let rows: Vec<Vec<String>> = rows.collect();
+                let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+                for row in &rows {
                     for (w, cell) in widths.iter_mut().zip(row) {
-                        *w = (*w).max(one_line(cell).chars().count());
+                        *w = (*w).max(cell.chars().count());
                     }
                 }
                 let line = |cells: &[String]| {
                     let mut s = String::from(" ");
                     for (cell, w) in cells.iter().zip(&widths) {
-                        s.push_str(&format!(" {:<w$}", one_line(cell)));
+                        s.push_str(&format!(" {cell:<w$}"));
                     }
                     s.trim_end().to_string() + "\n"
                 };
-                out.push_str(&line(headers));
-                for row in rows {
+                out.push_str(&line(&headers));
+                for row in &rows {
                     out.push_str(&line(row));
                 }
             }
             Block::Para(p) => {
-                out.push_str(p);
+                out.push_str(&inert::text(p));
                 out.push('\n');
             }
             Block::List(items) => {
                 for item in items {
-                    out.push_str(&format!("  - {item}\n"));
+                    out.push_str(&format!("  - {}\n", inert::line(item)));
                 }
             }
         }
@@ -155,10 +177,6 @@ fn one_line(s: &str) -> String {
         .join(" / ")
 }
 
-fn md_cell(s: &str) -> String {
-    s.replace('|', "\\|").replace('\n', " ")
-}
-
 fn render_markdown(blocks: &[Block]) -> String {
     let mut out = String::new();
     let mut first_heading = true;
@@ -167,12 +185,13 @@ fn render_markdown(blocks: &[Block]) -> String {
             Block::Heading(h) => {
                 out.push_str(if first_heading { "# " } else { "## " });
                 first_heading = false;
-                out.push_str(h);
+                out.push_str(&inert::md_inline(h));
                 out.push_str("\n\n");
             }
             Block::Fields(fields) => {
                 for (k, v) in fields {
-                    out.push_str(&format!("- **{k}**: {}\n", md_cell(v)));
+                    let (k, v) = (inert::md_inline(k), inert::md_inline(v));
+                    out.push_str(&format!("- **{k}**: {v}\n"));
                 }
                 out.push('\n');
             }
@@ -181,26 +200,24 @@ fn render_markdown(blocks: &[Block]) -> String {
                     out.push_str("_(none)_\n\n");
                     continue;
                 }
-                out.push_str(&format!("| {} |\n", headers.join(" | ")));
+                let row_line = |cells: &[String]| {
+                    let cells: Vec<_> = cells.iter().map(|c| inert::md_inline(c)).collect();
+                    format!("| {} |\n", cells.join(" | "))
+                };
+                out.push_str(&row_line(headers));
                 out.push_str(&format!("|{}\n", "---|".repeat(headers.len())));
                 for row in rows {
-                    out.push_str(&format!(
-                        "| {} |\n",
-                        row.iter()
-                            .map(|c| md_cell(c))
-                            .collect::<Vec<_>>()
-                            .join(" | ")
-                    ));
+                    out.push_str(&row_line(row));
                 }
                 out.push('\n');
             }
             Block::Para(p) => {
-                out.push_str(p);
+                out.push_str(&inert::md_block(p));
                 out.push_str("\n\n");
             }
             Block::List(items) => {
                 for item in items {
-                    out.push_str(&format!("- {item}\n"));
+                    out.push_str(&format!("- {}\n", inert::md_inline(item)));
                 }
                 out.push('\n');
             }

@@ -52,12 +52,13 @@ pub fn run(ctx: &Context, cmd: ProviderCommand) -> Result<Output> {
                     &["key", "value"],
                     obs.facts
                         .iter()
-                        .map(|f| vec![f.key.clone(), crate::plugin::logs::sanitize(&f.value)])
+                        .map(|f| vec![f.key.clone(), f.value.clone()])
                         .collect(),
                 );
             }
             if !obs.body.is_empty() {
-                o = o.para(crate::plugin::logs::sanitize_multiline(&obs.body));
+                // Shown inert by the renderer (`crate::inert`), like every other block.
+                o = o.para(obs.body.clone());
             }
             if !call.logs.is_empty() {
                 o = o.heading("Plugin log").list(

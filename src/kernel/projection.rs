@@ -14,6 +14,11 @@
 //! modification time, inode of the file as written). A file whose `stat` still matches its stamp is
 //! byte for byte what LoopX wrote, hence valid; any other file is parsed in full. `doctor` always
 //! parses in full.
+//!
+//! The Markdown files show text agents and plugins wrote (titles, objectives, evidence, run
+//! summaries), so every such value goes through [`crate::inert`]: nothing in them can drive a
+//! terminal that `cat`s the file, nor open Markdown structure that hides text when it is rendered.
+//! The JSON files keep the exact text.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -27,6 +32,7 @@ use super::model::{Evidence, Goal, Role, Run, Todo, TodoStatus};
 use super::{Kernel, quota};
 use crate::clock::{Rfc3339, now_ms, rfc3339};
 use crate::error::{LoopxError, Result};
+use crate::inert::{self, md_block, md_code, md_inline};
 use crate::store::{ProjectedTodo, StoreTx, TodoLines, TodoOrder};
 
 pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
@@ -384,34 +390,50 @@ pub fn run_json(run: &Run) -> Value {
 
 fn run_markdown(run: &Run) -> String {
     let mut md = format!("# Run {}\n\n", run.id);
-    md.push_str(&format!("- goal: `{}`\n", run.goal_id));
+    md.push_str(&format!("- goal: {}\n", md_code(&run.goal_id)));
     if let Some(a) = &run.agent_id {
-        md.push_str(&format!("- agent: `{a}`\n"));
+        md.push_str(&format!("- agent: {}\n", md_code(a)));
     }
     if let Some(t) = &run.todo_id {
-        md.push_str(&format!("- todo: `{t}`\n"));
+        md.push_str(&format!("- todo: {}\n", md_code(t)));
     }
-    md.push_str(&format!("- classification: {}\n", run.classification));
+    md.push_str(&format!(
+        "- classification: {}\n",
+        md_inline(&run.classification)
+    ));
     if let Some(o) = &run.outcome {
-        md.push_str(&format!("- outcome: {o}\n"));
+        md.push_str(&format!("- outcome: {}\n", md_inline(o)));
     }
     md.push_str(&format!("- created: {}\n\n", rfc3339(run.created_at)));
     md.push_str("## Summary\n\n");
-    md.push_str(if run.summary.is_empty() {
-        "(none)"
+    md.push_str(&if run.summary.is_empty() {
+        "(none)".into()
     } else {
-        &run.summary
+        md_block(&run.summary)
     });
-    md.push_str("\n\n## Payload\n\n```json\n");
-    md.push_str(&serde_json::to_string_pretty(&run.payload).unwrap_or_default());
-    md.push_str("\n```\n");
+    // JSON escapes C0 controls in strings but writes C1 and bidi controls as they are; inside
+    // the fence they are made visible too. The exact payload is in the run's `.json` report.
+    let payload = serde_json::to_string_pretty(&run.payload).unwrap_or_default();
+    let payload = inert::text(&payload);
+    let fence = "`".repeat(
+        payload
+            .split('\n')
+            .map(|l| l.len() - l.trim_start_matches('`').len())
+            .max()
+            .unwrap_or(0)
+            .max(2)
+            + 1,
+    );
+    md.push_str(&format!(
+        "\n\n## Payload\n\n{fence}json\n{payload}\n{fence}\n"
+    ));
     md
 }
 
 /// The format of the todo lines cached in the store (`StoreTx::cache_projected_todo`). Bump it
 /// whenever [`TodoView::write_json`] or [`todo_markdown`] changes what they write: lines cached
-/// in another format are then rendered afresh.
-const TODO_LINES_FORMAT: i64 = 2;
+/// in another format are then rendered afresh. (3: Markdown values made inert.)
+const TODO_LINES_FORMAT: i64 = 3;
 
 /// Everything a goal's `state.json` and `STATE.md` show, read in one snapshot: `refresh-state`
 /// reads it inside its write transaction (so the files show exactly what it committed, and it can
@@ -659,13 +681,20 @@ fn todo_markdown(md: &mut String, t: &Todo, now: i64) {
     });
     md.push_str(t.priority.as_str());
     md.push_str("] ");
-    md.push_str(&t.title);
+    inert::push_md_inline(md, &t.title);
+    // Ids (this one and the dependencies) are path-safe tokens (`ids::validate_token`): there is
+    // nothing in them to escape.
     md.push_str(" `");
     md.push_str(&t.id);
     md.push_str("` (");
     md.push_str(t.status.as_str());
     if let Some(c) = t.live_claim(now) {
-        let _ = write!(md, ", claimed by {} fence {}", c.agent_id, c.fence);
+        let _ = write!(
+            md,
+            ", claimed by {} fence {}",
+            md_inline(&c.agent_id),
+            c.fence
+        );
     }
     for (i, dep) in t.depends_on.iter().enumerate() {
         md.push_str(if i == 0 { ", after " } else { ", " });
@@ -682,15 +711,15 @@ fn state_markdown(
     now: i64,
 ) -> String {
     let mut md = String::with_capacity(1024 + todos.md.len());
-    let _ = write!(md, "# {}\n\n", goal.title);
+    let _ = write!(md, "# {}\n\n", md_inline(&goal.title));
     md.push_str(&format!("Goal `{}` is **{}**. Generated {} from the LoopX database; edits here are not read back.\n\n", goal.id, goal.status, rfc3339(now)));
     md.push_str("## Objective\n\n");
-    md.push_str(&goal.objective);
+    md.push_str(&md_block(&goal.objective));
     md.push_str("\n\n");
     if !goal.success_criteria.is_empty() {
         md.push_str("## Success criteria\n\n");
         for c in &goal.success_criteria {
-            md.push_str(&format!("- {c}\n"));
+            md.push_str(&format!("- {}\n", md_inline(c)));
         }
         md.push('\n');
     }
@@ -715,7 +744,8 @@ fn state_markdown(
     ));
     if let Some(p) = &goal.next_probe {
         md.push_str(&format!(
-            "## Next probe (stored, never executed)\n\n`{p}`\n\n"
+            "## Next probe (stored, never executed)\n\n{}\n\n",
+            md_code(p)
         ));
     }
     md.push_str("## Recent evidence\n\n");
@@ -727,7 +757,7 @@ fn state_markdown(
             "- `{}` {}: {}\n",
             e.todo_id,
             rfc3339(e.created_at),
-            e.text
+            md_inline(&e.text)
         ));
     }
     md
