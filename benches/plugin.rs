@@ -126,12 +126,18 @@ fn main() {
     std::fs::create_dir_all(&tmp).unwrap();
     std::fs::write(&installed, &wasm).unwrap();
     let sha = sha256_hex(&wasm);
-    cache.ensure(engine, "bench/cap", &wasm, &sha).unwrap();
+    let artifact_sha = cache
+        .compile(engine, "bench/cap", &wasm, &sha)
+        .unwrap()
+        .artifact_sha256;
     let limits = Limits::defaults(Kind::Capability);
     let load = |path: &Path| {
         let bytes = std::fs::read(path).unwrap();
         assert_eq!(sha256_hex(&bytes), sha);
-        let component = cache.load(engine, "bench/cap", &sha).unwrap().unwrap();
+        let component = cache
+            .load_recorded(engine, "bench/cap", &sha, &artifact_sha)
+            .unwrap()
+            .unwrap();
         LoadedPlugin::new(
             engine,
             &component,
@@ -152,7 +158,10 @@ fn main() {
         "< 5 ms",
     ));
     let deser = measure(50, || {
-        cache.load(engine, "bench/cap", &sha).unwrap().unwrap();
+        cache
+            .load_recorded(engine, "bench/cap", &sha, &artifact_sha)
+            .unwrap()
+            .unwrap();
     });
     rows.push(("  of which verified .cwasm deserialize".into(), deser, ""));
 

@@ -33,7 +33,65 @@ fn assert_refused_install(
         leftovers.is_empty(),
         "a refused install left files: {leftovers:?}"
     );
+    assert_eq!(
+        artifacts(p),
+        Vec::<String>::new(),
+        "a refused install left compiled artifacts"
+    );
     err
+}
+
+/// The `.cwasm` files in the project's component cache.
+fn artifacts(p: &Project) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(p.paths().component_cache_dir())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".cwasm"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Runs the real `loopx` binary in `dir`.
+fn loopx(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_loopx"))
+        .current_dir(dir)
+        .args(args)
+        .env_remove("LOOPX_ROOT")
+        .env_remove("LOOPX_AGENT_ID")
+        .env_remove("LOOPX_TURN_KEY")
+        .env_remove("LOOPX_CLAIM_KEY")
+        .output()
+        .unwrap()
+}
+
+/// A project with hostile-cap installed as `hostile/cap` and issue-fix as `issue-fix/issue-fix`,
+/// both capabilities, so one's artifact can stand in for the other's.
+fn two_capabilities() -> (Project, String, String) {
+    let mut p = Project::new();
+    p.goal("g1");
+    let dir = extension(
+        p.dir.path(),
+        "hostile",
+        "capability",
+        "cap",
+        &wasm("hostile-cap"),
+        &[],
+        "",
+        "",
+    );
+    let hostile = p.install(&dir, &[]).unwrap().components[0].sha256.clone();
+    wasm("issue-fix");
+    let other = p
+        .install(&plugin_support::repo().join("extensions/issue-fix"), &[])
+        .unwrap()
+        .components[0]
+        .sha256
+        .clone();
+    (p, hostile, other)
 }
 
 #[test]
@@ -331,4 +389,221 @@ fn plugin_error_kinds_are_distinct() {
     };
     assert_eq!(e.kind(), "deadline");
     assert!(e.to_string().contains("x/y") && e.to_string().contains("5 ms"));
+}
+
+#[test]
+fn planted_artifact_is_never_reused_by_install() {
+    // Compile issue-fix in this project, then plant its artifact (with a matching sidecar digest,
+    // which was all the old cache checked) under the name hostile-cap's artifact will have.
+    let mut p = Project::new();
+    p.goal("g1");
+    wasm("issue-fix");
+    let other = p
+        .install(&plugin_support::repo().join("extensions/issue-fix"), &[])
+        .unwrap();
+    let other_artifact = p.host.cache().artifact_path(&other.components[0].sha256);
+    let hostile_wasm = std::fs::read(wasm("hostile-cap")).unwrap();
+    let hostile_sha = loopx::plugin::cache::sha256_hex(&hostile_wasm);
+    let planted = p.host.cache().artifact_path(&hostile_sha);
+    std::fs::copy(&other_artifact, &planted).unwrap();
+    let planted_bytes = std::fs::read(&planted).unwrap();
+    std::fs::write(
+        planted.with_extension("cwasm.sha256"),
+        loopx::plugin::cache::sha256_hex(&planted_bytes),
+    )
+    .unwrap();
+
+    let dir = extension(
+        p.dir.path(),
+        "hostile",
+        "capability",
+        "cap",
+        &wasm("hostile-cap"),
+        &[],
+        "",
+        "",
+    );
+    let report = p.install(&dir, &[]).unwrap();
+    assert!(
+        report.components[0].compiled,
+        "install reused an artifact it did not produce"
+    );
+    assert_ne!(std::fs::read(&planted).unwrap(), planted_bytes);
+    // And what runs is hostile-cap's own code.
+    let out = invoke_capability(
+        &mut p.kernel,
+        &p.host,
+        "hostile/cap",
+        "g1",
+        None,
+        "ok".into(),
+        true,
+    )
+    .unwrap();
+    assert_eq!(
+        serde_json::to_value(&out.proposals).unwrap()[0]["reason"],
+        "nothing to do"
+    );
+}
+
+#[test]
+fn swapped_artifact_is_refused_and_doctor_reports_it() {
+    let (mut p, hostile, other) = two_capabilities();
+    let target = p.host.cache().artifact_path(&hostile);
+    let source = p.host.cache().artifact_path(&other);
+    // The swap an attacker (or a provider with write access to the cache) would make: the other
+    // component's artifact, and its sidecar, under this component's name.
+    std::fs::copy(&source, &target).unwrap();
+    let _ = std::fs::copy(
+        source.with_extension("cwasm.sha256"),
+        target.with_extension("cwasm.sha256"),
+    );
+    let before = p.fingerprint();
+    let err = invoke_capability(
+        &mut p.kernel,
+        &p.host,
+        "hostile/cap",
+        "g1",
+        None,
+        "ok".into(),
+        false,
+    )
+    .unwrap_err();
+    assert_eq!(err.plugin_kind, Some("tampered"), "{}", err.error);
+    assert_eq!(err.error.exit_code(), 5);
+    let name = target.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(err.error.to_string().contains(&name), "{}", err.error);
+    assert_eq!(
+        p.fingerprint(),
+        before,
+        "a refused load changed the database"
+    );
+
+    let doctor = loopx(p.dir.path(), &["doctor"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&doctor.stdout),
+        String::from_utf8_lossy(&doctor.stderr)
+    );
+    assert_eq!(doctor.status.code(), Some(5), "{text}");
+    assert!(
+        text.contains(&name),
+        "doctor did not name the artifact: {text}"
+    );
+
+    // The other extension is untouched and still loads.
+    p.host
+        .load_named(
+            &mut p.kernel,
+            "issue-fix/issue-fix",
+            loopx::plugin::Kind::Capability,
+        )
+        .map_err(|e| e.error.to_string())
+        .unwrap();
+}
+
+#[test]
+fn doctor_verifies_every_artifact_and_component() {
+    let (p, hostile, _) = two_capabilities();
+    let healthy = loopx(p.dir.path(), &["--format", "json", "doctor"]);
+    let text = String::from_utf8_lossy(&healthy.stdout).into_owned();
+    assert_eq!(healthy.status.code(), Some(0), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let checks: Vec<String> = json["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["check"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        checks.iter().filter(|c| c.starts_with("artifact ")).count(),
+        2,
+        "{checks:?}"
+    );
+    assert!(
+        checks.contains(&"component hostile/cap".to_string()),
+        "{checks:?}"
+    );
+    assert!(
+        checks.contains(&"component issue-fix/issue-fix".to_string()),
+        "{checks:?}"
+    );
+
+    // A flipped byte in an artifact is damage doctor names.
+    let artifact = p.host.cache().artifact_path(&hostile);
+    let mut bytes = std::fs::read(&artifact).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    std::fs::write(&artifact, bytes).unwrap();
+    let damaged = loopx(p.dir.path(), &["doctor"]);
+    let text = String::from_utf8_lossy(&damaged.stderr).into_owned();
+    assert_eq!(damaged.status.code(), Some(5), "{text}");
+    assert!(
+        text.contains(&artifact.file_name().unwrap().to_string_lossy().into_owned()),
+        "{text}"
+    );
+}
+
+#[test]
+fn deleted_artifact_is_recompiled_from_the_verified_component_and_recorded() {
+    let (mut p, hostile, _) = two_capabilities();
+    let artifact = p.host.cache().artifact_path(&hostile);
+    std::fs::remove_file(&artifact).unwrap();
+    invoke_capability(
+        &mut p.kernel,
+        &p.host,
+        "hostile/cap",
+        "g1",
+        None,
+        "ok".into(),
+        true,
+    )
+    .unwrap();
+    let bytes = std::fs::read(&artifact).expect("the load recompiled the artifact");
+    let key = p.host.cache().engine_key().to_string();
+    let record = p
+        .kernel
+        .read(|tx| tx.component_artifact(&hostile, &key))
+        .unwrap()
+        .expect("recorded");
+    assert_eq!(
+        record.artifact_sha256,
+        loopx::plugin::cache::sha256_hex(&bytes)
+    );
+}
+
+#[test]
+fn grants_of_directories_holding_or_inside_loopx_state_are_refused() {
+    let mut p = Project::new();
+    let dir = extension(
+        p.dir.path(),
+        "probe",
+        "provider",
+        "p",
+        &wasm("probe-provider"),
+        &["fs.read:data", "fs.write:data"],
+        "",
+        "",
+    );
+    let root = p.dir.path().to_path_buf();
+    let cache = p.paths().component_cache_dir();
+    std::fs::create_dir_all(&cache).unwrap();
+    let link = root.join("innocent");
+    std::os::unix::fs::symlink(p.paths().state, &link).unwrap();
+    for grant in [
+        format!("fs.read:data={}", root.display()),
+        format!("fs.write:data={}", cache.display()),
+        format!("fs.read:data={}", p.paths().state.display()),
+        format!("fs.write:data={}", link.display()),
+    ] {
+        let err = assert_refused_install(&mut p, &dir, &[&grant], &[".loopx", "grant a directory"]);
+        assert_eq!(err.exit_code(), 2, "{grant}: {err}");
+        let name = grant.split('=').next().unwrap();
+        assert!(err.to_string().contains(name), "{err}");
+    }
+    // A sibling directory of `.loopx/` is fine.
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    p.install(&dir, &[&format!("fs.read:data={}", data.display())])
+        .unwrap();
 }

@@ -73,6 +73,12 @@ pub fn run(ctx: &Context, _args: DoctorArgs) -> Result<Output> {
                     }
                 }
             }
+            for c in crate::plugin::artifacts::verify_installed(
+                &mut kernel,
+                &paths.component_cache_dir(),
+            ) {
+                record(&c.check, c.ok, c.detail, &c.path);
+            }
         }
     }
 

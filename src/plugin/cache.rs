@@ -2,32 +2,46 @@
 //!
 //! Why this exists: compiling a component costs 100+ ms even for a small guest, loading its
 //! precompiled form well under a millisecond. Install compiles once; every later load deserializes.
-//! Layout: `.loopx/cache/components/<sha256(wasm)>-<engine key>.cwasm` plus a `.sha256` sidecar with
-//! the digest of the `.cwasm` itself. The key covers the component bytes and the engine's
-//! compatibility hash (wasmtime version, configuration, target), so a wasmtime upgrade simply misses
-//! and recompiles. Deserialization is `unsafe` in wasmtime (a crafted artifact is code execution), so
-//! artifacts are only ever read from this operator-owned directory, and the sidecar digest is checked
-//! first: a modified artifact is reported as `Tampered`, never loaded.
+//! Layout: `.loopx/cache/components/<sha256(wasm)>-<engine key>.cwasm`. The name covers the
+//! component bytes and the engine's compatibility hash (wasmtime version, configuration, target), so
+//! a wasmtime upgrade simply misses and recompiles.
+//!
+//! Deserialization is `unsafe` in wasmtime: a crafted artifact is native code execution. A digest
+//! stored next to the artifact would only prove the artifact matches itself (anyone who can swap the
+//! `.cwasm` can swap its companion), so the cache trusts nothing on disk. The digest of every
+//! artifact is recorded in the registry (table `component_artifacts`, keyed by component digest and
+//! engine key) by the install, or recompile from a verified component, that produced it, and
+//! [`ComponentCache::load_recorded`] deserializes only bytes that hash to that record. The bytes
+//! hashed are the bytes deserialized (read once into memory), so nothing can change between check
+//! and use.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use super::artifacts::read_artifact;
 use super::engine::compatibility_key;
 use super::error::{PluginError, PluginResult};
 
-/// Hex sha256 of bytes.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
+pub use super::artifacts::sha256_hex;
 
 /// The component cache rooted at `.loopx/cache/components/`.
 #[derive(Debug, Clone)]
 pub struct ComponentCache {
     dir: PathBuf,
     engine_key: String,
+}
+
+/// An artifact this process just compiled from verified component bytes.
+pub struct Compiled {
+    /// Deserialized from the in-memory bytes `precompile_component` returned, not from the file.
+    pub component: Component,
+    /// The digest to record in the registry.
+    pub artifact_sha256: String,
+    /// Where the artifact was written.
+    pub path: PathBuf,
 }
 
 impl ComponentCache {
@@ -42,86 +56,109 @@ impl ComponentCache {
         &self.dir
     }
 
+    /// The engine fingerprint artifacts of this cache are compiled for (recorded with each digest).
+    pub fn engine_key(&self) -> &str {
+        &self.engine_key
+    }
+
     /// Path of the artifact for a component with this wasm digest.
     pub fn artifact_path(&self, wasm_sha256: &str) -> PathBuf {
         self.dir
             .join(format!("{wasm_sha256}-{}.cwasm", self.engine_key))
     }
 
-    fn sidecar(path: &Path) -> PathBuf {
-        path.with_extension("cwasm.sha256")
-    }
-
-    /// Compiles `wasm` (whose digest is `wasm_sha256`) into the cache unless already present.
-    /// Returns whether a compile happened.
-    pub fn ensure(
+    /// Compiles `wasm` (whose digest the caller has verified to be `wasm_sha256`) and writes the
+    /// artifact, replacing whatever file had its name: a file this call did not produce is never
+    /// trusted, so it is never kept either. The artifact is synced before returning because the
+    /// caller then records its digest in the database; a torn file after a crash would otherwise
+    /// be refused as tampered instead of simply recompiled.
+    pub fn compile(
         &self,
         engine: &Engine,
         plugin: &str,
         wasm: &[u8],
         wasm_sha256: &str,
-    ) -> PluginResult<bool> {
-        let path = self.artifact_path(wasm_sha256);
-        if path.is_file() && Self::sidecar(&path).is_file() {
-            return Ok(false);
-        }
-        let compiled = engine
+    ) -> PluginResult<Compiled> {
+        let bytes = engine
             .precompile_component(wasm)
             .map_err(|e| PluginError::Load {
                 plugin: plugin.to_string(),
                 detail: format!("compile failed: {e:#}"),
             })?;
+        let path = self.artifact_path(wasm_sha256);
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| PluginError::host(format!("creating {}", self.dir.display()), e))?;
-        // Write to temporary names and rename, so a crash never leaves a half-written artifact that a
-        // later load would trust.
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, &compiled)
-            .map_err(|e| PluginError::host(format!("writing {}", tmp.display()), e))?;
-        let side_tmp = Self::sidecar(&tmp);
-        std::fs::write(&side_tmp, sha256_hex(&compiled))
-            .map_err(|e| PluginError::host(format!("writing {}", side_tmp.display()), e))?;
-        std::fs::rename(&side_tmp, Self::sidecar(&path))
-            .map_err(|e| PluginError::host(format!("renaming into {}", self.dir.display()), e))?;
-        std::fs::rename(&tmp, &path)
-            .map_err(|e| PluginError::host(format!("renaming into {}", self.dir.display()), e))?;
-        Ok(true)
+        // A temporary name unique to this process and thread, renamed into place, so a concurrent
+        // reader sees the old file or the whole new one.
+        let tmp = self.dir.join(format!(
+            ".{wasm_sha256}.{}.{:?}.tmp",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let written = std::fs::File::create(&tmp)
+            .and_then(|mut f| {
+                f.write_all(&bytes)?;
+                f.sync_all()
+            })
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(PluginError::host(format!("writing {}", path.display()), e));
+        }
+        // SAFETY: `bytes` is what `precompile_component` of this very engine returned a moment ago
+        // in this process; it never left memory before this call.
+        let component =
+            unsafe { Component::deserialize(engine, &bytes) }.map_err(|e| PluginError::Load {
+                plugin: plugin.to_string(),
+                detail: format!("{}: {e:#}", path.display()),
+            })?;
+        Ok(Compiled {
+            component,
+            artifact_sha256: sha256_hex(&bytes),
+            path,
+        })
     }
 
-    /// Loads the artifact for `wasm_sha256`, verifying its sidecar digest. `Ok(None)` when absent.
-    pub fn load(
+    /// Loads the artifact for `wasm_sha256` if and only if its bytes hash to `recorded` (the digest
+    /// the registry holds for this component and engine). `Ok(None)` when there is no such file;
+    /// `Tampered` naming the file when it is not a regular file or its digest differs.
+    pub fn load_recorded(
         &self,
         engine: &Engine,
         plugin: &str,
         wasm_sha256: &str,
+        recorded: &str,
     ) -> PluginResult<Option<Component>> {
         let path = self.artifact_path(wasm_sha256);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(PluginError::host(format!("reading {}", path.display()), e)),
+        let bytes = match read_artifact(&path) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Ok(None),
+            Err(actual) => {
+                return Err(PluginError::Tampered {
+                    plugin: plugin.to_string(),
+                    path,
+                    expected: recorded.to_string(),
+                    actual,
+                });
+            }
         };
-        let expected = std::fs::read_to_string(Self::sidecar(&path))
-            .unwrap_or_default()
-            .trim()
-            .to_string();
         let actual = sha256_hex(&bytes);
-        if expected != actual {
+        if actual != recorded {
             return Err(PluginError::Tampered {
                 plugin: plugin.to_string(),
                 path,
-                expected,
+                expected: recorded.to_string(),
                 actual,
             });
         }
-        // SAFETY: the bytes were produced by `precompile_component` of an engine with the same
-        // compatibility key, written into the operator-owned cache directory, and their digest
-        // matches the sidecar written alongside them at that time. wasmtime additionally rejects
-        // artifacts from a different version or configuration.
+        // SAFETY: these exact bytes (read once into memory, hashed, and deserialized from the same
+        // buffer) hash to the digest the registry recorded when this process or an earlier install
+        // compiled them from a component whose own digest was verified; wasmtime additionally
+        // rejects artifacts from a different version or configuration.
         let component =
             unsafe { Component::deserialize(engine, &bytes) }.map_err(|e| PluginError::Load {
                 plugin: plugin.to_string(),
-                detail: format!("{path:?}: {e:#}"),
+                detail: format!("{}: {e:#}", path.display()),
             })?;
         Ok(Some(component))
     }

@@ -70,7 +70,7 @@ pub enum PluginError {
     GuestError { plugin: String, detail: String },
     /// The installed component or its compiled artifact no longer matches the recorded hash.
     #[error(
-        "plugin {plugin} is tampered: {path} has sha256 {actual}, expected {expected}; reinstall it"
+        "plugin {plugin} is tampered: {path} has sha256 {actual}, the registry records {expected}; nothing was loaded. Reinstall the extension (`loopx extension upgrade DIR`), or delete a damaged .cwasm to have it recompiled from the verified component; `loopx doctor` lists every damaged file"
     )]
     Tampered {
         plugin: String,

@@ -10,7 +10,9 @@
 //! * [`manifest`]: `extension.toml`, permissions, grants, limits.
 //! * [`audit`]: a component's real imports against its kind and grants.
 //! * [`engine`]: the shared `Engine` and the epoch ticker thread.
-//! * [`cache`]: precompiled components on disk, keyed by content and engine.
+//! * [`cache`]: precompiled components on disk, keyed by content and engine, each loaded only when
+//!   it matches the digest the registry recorded for it.
+//! * [`artifacts`]: verifying installed components and artifacts against the registry (`doctor`).
 //! * [`sandbox`]: one call in a fresh limited store; the only place guests run.
 //! * [`logs`]: captured, capped, sanitized guest output.
 //! * [`error`]: the named error taxonomy and its mapping into `LoopxError`.
@@ -21,6 +23,7 @@
 //!
 //! See docs/plugin-host.md for limits, the permission model and the cache layout.
 
+pub mod artifacts;
 pub mod audit;
 mod bindings;
 pub mod cache;

@@ -21,7 +21,9 @@ use crate::error::{LoopxError, Result, conflict, not_found};
 use crate::kernel::model::ExtensionRecord;
 use crate::kernel::{Actor, Kernel, log_op};
 use crate::paths::ProjectPaths;
+use crate::store::ArtifactRecord;
 
+use super::artifacts::read_artifact;
 use super::cache::{ComponentCache, sha256_hex};
 use super::engine::engine;
 use super::error::{PluginError, PluginResult};
@@ -35,6 +37,9 @@ pub struct PluginHost {
     engine: Engine,
     cache: ComponentCache,
     extensions_dir: PathBuf,
+    /// Directories no `fs.*` grant may contain or lie inside: the project's `.loopx/` (database,
+    /// projections, installed components) and the component cache.
+    protected: Vec<PathBuf>,
 }
 
 /// One component of an install, as reported to the operator.
@@ -47,9 +52,12 @@ pub struct InstalledComponent {
     pub imports: Vec<String>,
     pub limits: Limits,
     pub uses: Vec<String>,
-    /// Whether install compiled it (false when the cache already held it).
+    /// Whether install compiled it (false when the registry already recorded an artifact for these
+    /// bytes and this engine, and the cached file matched that record).
     pub compiled: bool,
     pub compile_ms: u64,
+    /// sha256 of the precompiled artifact, recorded in the registry with the install.
+    pub artifact_sha256: String,
 }
 
 /// Outcome of `install` / `upgrade`.
@@ -74,6 +82,8 @@ pub struct Prepared {
     pub grants: Vec<Grant>,
     /// Each component's report and its bytes.
     pub components: Vec<(InstalledComponent, Vec<u8>)>,
+    /// Artifacts this preparation compiled and wrote: deleted again if the install does not commit.
+    pub written: Vec<PathBuf>,
 }
 
 /// Whether an install may replace an existing extension.
@@ -117,16 +127,19 @@ pub fn record_grants(rec: &ExtensionRecord) -> PluginResult<Vec<Grant>> {
 impl PluginHost {
     /// The host for the project at `paths`, using the process-wide engine.
     pub fn for_project(paths: &ProjectPaths) -> PluginHost {
-        PluginHost::new(paths.extensions_dir(), paths.component_cache_dir())
+        let mut host = PluginHost::new(paths.extensions_dir(), paths.component_cache_dir());
+        host.protected.push(paths.state.clone());
+        host
     }
 
     /// A host with explicit directories (benchmarks, tests).
     pub fn new(extensions_dir: PathBuf, cache_dir: PathBuf) -> PluginHost {
         let engine = engine().clone();
-        let cache = ComponentCache::new(cache_dir, &engine);
+        let cache = ComponentCache::new(cache_dir.clone(), &engine);
         PluginHost {
             engine,
             cache,
+            protected: vec![extensions_dir.clone(), cache_dir],
             extensions_dir,
         }
     }
@@ -141,7 +154,41 @@ impl PluginHost {
 
     /// Validates, hashes, compiles and audits every component of the extension in `dir` without
     /// recording anything. Returns the manifest, the parsed grants and per-component bytes + report.
-    pub fn prepare(&self, dir: &Path, grants: &[String], cwd: &Path) -> PluginResult<Prepared> {
+    ///
+    /// Each component is compiled here unless the registry already records an artifact for its
+    /// digest and this engine and the file in the cache matches that record (a reinstall of the same
+    /// bytes). Any other file under the artifact's name, planted or left over, is overwritten by the
+    /// compile, never reused. When any component is refused, the artifacts this call wrote are
+    /// deleted again, so a refused install leaves nothing behind.
+    pub fn prepare(
+        &self,
+        kernel: &mut Kernel,
+        dir: &Path,
+        grants: &[String],
+        cwd: &Path,
+    ) -> PluginResult<Prepared> {
+        let mut written: Vec<PathBuf> = Vec::new();
+        let result = self.prepare_into(kernel, dir, grants, cwd, &mut written);
+        match result {
+            Ok(mut prepared) => {
+                prepared.written = written;
+                Ok(prepared)
+            }
+            Err(e) => {
+                remove_artifacts(&written);
+                Err(e)
+            }
+        }
+    }
+
+    fn prepare_into(
+        &self,
+        kernel: &mut Kernel,
+        dir: &Path,
+        grants: &[String],
+        cwd: &Path,
+        written: &mut Vec<PathBuf>,
+    ) -> PluginResult<Prepared> {
         let manifest = Manifest::load(dir)?;
         let mut parsed = Vec::new();
         for g in grants {
@@ -150,6 +197,7 @@ impl PluginHost {
         parsed.sort();
         parsed.dedup();
         manifest.check_grants(&parsed)?;
+        self.check_grant_dirs(&parsed)?;
         let mut out = Vec::new();
         for p in &manifest.provides {
             let label = format!("{}/{}", manifest.id, p.id);
@@ -165,21 +213,23 @@ impl PluginHost {
                 )
             })?;
             let sha = sha256_hex(&wasm);
-            let started = std::time::Instant::now();
-            let compiled = self.cache.ensure(&self.engine, &label, &wasm, &sha)?;
-            let compile_ms = started.elapsed().as_millis() as u64;
-            let component = self
-                .cache
-                .load(&self.engine, &label, &sha)?
-                .ok_or_else(|| {
-                    PluginError::host("loading a freshly compiled component", "artifact missing")
-                })?;
-            let limits = Limits::resolve(p.kind, &p.limits, &label)?;
             let comp_grants = if p.kind == Kind::Provider {
                 parsed.clone()
             } else {
                 Vec::new()
             };
+            let started = std::time::Instant::now();
+            let (component, artifact_sha256, compiled) =
+                match self.recorded_artifact(kernel, &label, &sha)? {
+                    Some((component, digest)) => (component, digest, false),
+                    None => {
+                        let c = self.cache.compile(&self.engine, &label, &wasm, &sha)?;
+                        written.push(c.path);
+                        (c.component, c.artifact_sha256, true)
+                    }
+                };
+            let compile_ms = started.elapsed().as_millis() as u64;
+            let limits = Limits::resolve(p.kind, &p.limits, &label)?;
             let loaded = LoadedPlugin::new(
                 &self.engine,
                 &component,
@@ -200,6 +250,7 @@ impl PluginHost {
                     uses: p.uses.clone(),
                     compiled,
                     compile_ms,
+                    artifact_sha256,
                 },
                 wasm,
             ));
@@ -208,7 +259,34 @@ impl PluginHost {
             manifest,
             grants: parsed,
             components: out,
+            written: Vec::new(),
         })
+    }
+
+    /// The cached artifact for component `sha`, if the registry records one for this engine and the
+    /// file matches it. A file that does not match is not an error here: install holds the verified
+    /// component and recompiles over it (which is also how an operator repairs it).
+    fn recorded_artifact(
+        &self,
+        kernel: &mut Kernel,
+        label: &str,
+        sha: &str,
+    ) -> PluginResult<Option<(wasmtime::component::Component, String)>> {
+        let key = self.cache.engine_key().to_string();
+        let record = kernel
+            .read(|tx| tx.component_artifact(sha, &key))
+            .map_err(|e| PluginError::host("reading the artifact registry", e))?;
+        let Some(record) = record else {
+            return Ok(None);
+        };
+        match self
+            .cache
+            .load_recorded(&self.engine, label, sha, &record.artifact_sha256)
+        {
+            Ok(Some(c)) => Ok(Some((c, record.artifact_sha256))),
+            Ok(None) | Err(PluginError::Tampered { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Installs (or upgrades) the extension in `dir` with the operator's `grants`.
@@ -251,14 +329,27 @@ impl PluginHost {
             manifest,
             grants: parsed,
             components,
-        } = self.prepare(dir, &grants, cwd)?;
-        let revisions = kernel.read(|tx| tx.extension_revisions(&manifest.id))?;
+            written,
+        } = self.prepare(kernel, dir, &grants, cwd)?;
+        // From here on, any failure deletes the artifacts just written: a refused install leaves
+        // no artifact behind (an unrecorded one would never be loaded, but it is clutter that
+        // `doctor` would have to explain).
+        let revisions = match kernel.read(|tx| tx.extension_revisions(&manifest.id)) {
+            Ok(r) => r,
+            Err(e) => {
+                remove_artifacts(&written);
+                return Err(e);
+            }
+        };
         let revision = revisions.iter().map(|r| r.revision).max().unwrap_or(0) + 1;
         let install_dir = self
             .extensions_dir
             .join(&manifest.id)
             .join(revision.to_string());
-        self.write_install_dir(dir, &install_dir, &components)?;
+        if let Err(e) = self.write_install_dir(dir, &install_dir, &components) {
+            remove_artifacts(&written);
+            return Err(e.into());
+        }
         let rendered: Vec<String> = parsed.iter().map(Grant::render).collect();
         let prev_grants: Vec<String> = existing
             .as_ref()
@@ -286,18 +377,34 @@ impl PluginHost {
         } else {
             "extension_install"
         };
-        let written = kernel.write(|tx| {
+        let engine_key = self.cache.engine_key().to_string();
+        let artifacts: Vec<ArtifactRecord> = components
+            .iter()
+            .map(|(c, _)| ArtifactRecord {
+                component_sha256: c.sha256.clone(),
+                engine_key: engine_key.clone(),
+                artifact_sha256: c.artifact_sha256.clone(),
+                recorded_at: record.installed_at,
+            })
+            .collect();
+        let committed = kernel.write(|tx| {
             tx.upsert_extension(&record)?;
+            // In the same transaction as the revision: an installed component always has its
+            // artifact's digest on record, and a recorded digest always belongs to an install.
+            for a in &artifacts {
+                tx.record_component_artifact(a)?;
+            }
             log_op(
                 tx,
                 None,
                 &Actor::Operator,
                 op,
-                json!({"id": record.id, "version": record.version, "revision": revision, "grants": rendered, "components": hashes}),
+                json!({"id": record.id, "version": record.version, "revision": revision, "grants": rendered, "components": hashes, "artifacts": artifacts.iter().map(|a| &a.artifact_sha256).collect::<Vec<_>>(), "engine_key": engine_key}),
             )
         });
-        if let Err(e) = written {
+        if let Err(e) = committed {
             let _ = std::fs::remove_dir_all(&install_dir);
+            remove_artifacts(&written);
             return Err(e);
         }
         kernel.write_registry_projection()?;
@@ -352,8 +459,19 @@ impl PluginHost {
         Ok(())
     }
 
-    /// Loads component `provides_id` of the installed revision `rec`, verifying its hash.
-    pub fn load(&self, rec: &ExtensionRecord, provides_id: &str) -> PluginResult<LoadedPlugin> {
+    /// Loads component `provides_id` of the installed revision `rec`: the `.wasm` must match the
+    /// sha256 the revision recorded, and its precompiled artifact the digest the registry recorded
+    /// for that component and this engine (a mismatch is `Tampered`, exit 5, naming the file; the
+    /// load is refused, never silently repaired, so `doctor` and the operator see the damage).
+    /// When no artifact is recorded for this engine (a new wasmtime, a project installed before
+    /// artifacts were recorded) or the recorded file is gone (the cache was cleared), the component
+    /// is recompiled from the verified `.wasm` and the new digest recorded.
+    pub fn load(
+        &self,
+        kernel: &mut Kernel,
+        rec: &ExtensionRecord,
+        provides_id: &str,
+    ) -> PluginResult<LoadedPlugin> {
         let label = format!("{}/{}", rec.id, provides_id);
         let manifest = record_manifest(rec)?;
         let p = manifest.provides(provides_id).ok_or_else(|| {
@@ -380,32 +498,35 @@ impl PluginHost {
             })?
             .to_string();
         let path = Path::new(&rec.install_dir).join(format!("{provides_id}.wasm"));
-        let wasm = std::fs::read(&path).map_err(|e| PluginError::Tampered {
+        let tampered = |actual: String| PluginError::Tampered {
             plugin: label.clone(),
             path: path.clone(),
             expected: expected.clone(),
-            actual: format!("unreadable ({e})"),
-        })?;
+            actual,
+        };
+        let wasm = match read_artifact(&path) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Err(tampered("missing".to_string())),
+            Err(reason) => return Err(tampered(reason)),
+        };
         let actual = sha256_hex(&wasm);
         if actual != expected {
-            return Err(PluginError::Tampered {
-                plugin: label,
-                path,
-                expected,
-                actual,
-            });
+            return Err(tampered(actual));
         }
-        let component = match self.cache.load(&self.engine, &label, &actual)? {
-            Some(c) => c,
-            None => {
-                // Cache miss (cleared cache, new wasmtime): recompile from the verified bytes.
-                self.cache.ensure(&self.engine, &label, &wasm, &actual)?;
+        let key = self.cache.engine_key().to_string();
+        let record = kernel
+            .read(|tx| tx.component_artifact(&actual, &key))
+            .map_err(|e| PluginError::host("reading the artifact registry", e))?;
+        let cached = match &record {
+            Some(r) => {
                 self.cache
-                    .load(&self.engine, &label, &actual)?
-                    .ok_or_else(|| {
-                        PluginError::host("loading a recompiled component", "artifact missing")
-                    })?
+                    .load_recorded(&self.engine, &label, &actual, &r.artifact_sha256)?
             }
+            None => None,
+        };
+        let component = match cached {
+            Some(c) => c,
+            None => self.recompile(kernel, &label, &wasm, &actual)?,
         };
         let limits = Limits::resolve(p.kind, &p.limits, &label)?;
         let grants = if p.kind == Kind::Provider {
@@ -413,6 +534,9 @@ impl PluginHost {
         } else {
             Vec::new()
         };
+        // Again at every load: a grant recorded before this rule, or a granted directory since
+        // replaced by a symlink into `.loopx/`, must not reach a preopen.
+        self.check_grant_dirs(&grants)?;
         LoadedPlugin::new(
             &self.engine,
             &component,
@@ -422,6 +546,77 @@ impl PluginHost {
             grants,
             p.uses.clone(),
         )
+    }
+
+    /// Refuses `fs.*` grants whose directory contains, or lies inside, `.loopx/` or the component
+    /// cache. Both sides are canonicalized (symlinks resolved), so neither a symlinked grant nor a
+    /// symlinked project escapes the comparison. A provider with such a grant could read the
+    /// database and claim keys, or rewrite the components and compiled artifacts the host runs.
+    pub fn check_grant_dirs(&self, grants: &[Grant]) -> PluginResult<()> {
+        let protected: Vec<PathBuf> = self.protected.iter().map(|p| canonical_prefix(p)).collect();
+        for g in grants {
+            let Some(dir) = &g.host_path else { continue };
+            let dir = canonical_prefix(dir);
+            for p in &protected {
+                let relation = if dir.starts_with(p) {
+                    "lies inside"
+                } else if p.starts_with(&dir) {
+                    "contains"
+                } else {
+                    continue;
+                };
+                return Err(PluginError::BadRequest {
+                    detail: format!(
+                        "grant {} refused: {} {relation} LoopX's own state ({}), so a provider \
+                         holding it could read or rewrite the database, installed components or \
+                         compiled artifacts; grant a directory that neither contains nor lies \
+                         inside {} (for example a subdirectory of the project holding only what the \
+                         provider needs), with `--grant` on `extension install` or `upgrade`",
+                        g.render(),
+                        dir.display(),
+                        p.display(),
+                        p.display()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Compiles verified component bytes on a load that found no usable artifact, and records the
+    /// new artifact's digest. If the record cannot be written (a read-only database), the artifact
+    /// is deleted again and the in-memory component is still used: it came from verified bytes, and
+    /// an unrecorded file would never be trusted anyway.
+    fn recompile(
+        &self,
+        kernel: &mut Kernel,
+        label: &str,
+        wasm: &[u8],
+        sha: &str,
+    ) -> PluginResult<wasmtime::component::Component> {
+        let compiled = self.cache.compile(&self.engine, label, wasm, sha)?;
+        let record = ArtifactRecord {
+            component_sha256: sha.to_string(),
+            engine_key: self.cache.engine_key().to_string(),
+            artifact_sha256: compiled.artifact_sha256.clone(),
+            recorded_at: now_ms(),
+        };
+        let recorded = kernel.write(|tx| {
+            tx.record_component_artifact(&record)?;
+            // The host acts for the operator who installed the component: nothing about what it
+            // may do changes, only the compiled form of the same verified bytes.
+            log_op(
+                tx,
+                None,
+                &Actor::Operator,
+                "artifact_recompile",
+                json!({"plugin": label, "component": sha, "artifact": record.artifact_sha256, "engine_key": record.engine_key}),
+            )
+        });
+        if recorded.is_err() {
+            let _ = std::fs::remove_file(&compiled.path);
+        }
+        Ok(compiled.component)
     }
 
     /// Loads `<extension>/<id>` of kind `kind` from the registry: it must exist and be enabled.
@@ -466,7 +661,7 @@ impl PluginHost {
                 .into());
             }
         }
-        Ok(self.load(&rec, id)?)
+        Ok(self.load(kernel, &rec, id)?)
     }
 
     /// Loads a capability and the declared providers it may call (missing or disabled providers are
@@ -506,6 +701,32 @@ impl PluginHost {
                 .map_err(|e| LoopxError::internal(format!("removing {}", dir.display()), e))?;
         }
         Ok(())
+    }
+}
+
+/// `path` with symlinks resolved: the canonical form of its longest existing ancestor followed by
+/// the components that do not exist yet (the cache directory is created on first compile).
+fn canonical_prefix(path: &Path) -> PathBuf {
+    let mut rest: Vec<std::ffi::OsString> = Vec::new();
+    let mut cur = path.to_path_buf();
+    loop {
+        if let Ok(c) = cur.canonicalize() {
+            return rest.iter().rev().fold(c, |acc, part| acc.join(part));
+        }
+        match (cur.file_name().map(|n| n.to_os_string()), cur.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                cur = parent.to_path_buf();
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
+/// Deletes artifacts an install wrote but did not commit.
+fn remove_artifacts(paths: &[PathBuf]) {
+    for p in paths {
+        let _ = std::fs::remove_file(p);
     }
 }
 

@@ -2,7 +2,7 @@
 //! `schema_migrations`; a database newer than this binary is refused rather than guessed at.
 
 /// (version, SQL). Append only: never edit a migration that has shipped.
-pub const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
+pub const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)];
 
 const V1: &str = r#"
 CREATE TABLE goals (
@@ -181,4 +181,19 @@ ALTER TABLE todos ADD COLUMN view_md TEXT;
 /// of two enum texts and two integers. Cleared with the lines on every write of the todo.
 const V4: &str = r#"
 ALTER TABLE todos ADD COLUMN view_key INTEGER;
+"#;
+
+/// The digest of every precompiled component artifact, keyed by the component it was compiled from
+/// and the engine fingerprint it was compiled for. Deserializing an artifact runs native code, so an
+/// artifact is only loaded when its bytes hash to the digest recorded here, by the install (or the
+/// recompile from a verified component) that produced it; a file planted in or swapped into the
+/// cache has no matching row (docs/plugin-host.md, "Precompiled artifacts").
+const V5: &str = r#"
+CREATE TABLE component_artifacts (
+    component_sha256 TEXT NOT NULL,
+    engine_key TEXT NOT NULL,
+    artifact_sha256 TEXT NOT NULL,
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (component_sha256, engine_key)
+);
 "#;

@@ -29,6 +29,17 @@ pub struct OpRecord {
     pub created_at: i64,
 }
 
+/// The recorded digest of one precompiled component artifact (table `component_artifacts`): the
+/// artifact compiled from the component with `component_sha256` by an engine whose compatibility
+/// fingerprint is `engine_key` must hash to `artifact_sha256`, or it is never deserialized.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ArtifactRecord {
+    pub component_sha256: String,
+    pub engine_key: String,
+    pub artifact_sha256: String,
+    pub recorded_at: i64,
+}
+
 /// A durable journal row for one agent turn (see `turn`), keyed by turn key.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct TurnRecord {

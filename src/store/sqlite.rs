@@ -13,7 +13,9 @@ use rusqlite::{
 };
 
 use super::migrations::MIGRATIONS;
-use super::{OpRecord, ProjectedTodo, Store, StoreTx, TodoLines, TodoOrder, TurnRecord};
+use super::{
+    ArtifactRecord, OpRecord, ProjectedTodo, Store, StoreTx, TodoLines, TodoOrder, TurnRecord,
+};
 use crate::error::{LoopxError, Result, conflict};
 use crate::kernel::model::{
     Claim, Evidence, ExtensionRecord, GateScope, Goal, GoalStatus, LedgerEntry, LedgerKind,
@@ -475,6 +477,15 @@ fn ledger_from_row(row: &Row) -> rusqlite::Result<LedgerEntry> {
 
 const LEDGER_COLUMNS: &str =
     "effect_id, goal_id, agent_id, run_id, slots, kind, voids_effect_id, created_at";
+
+fn artifact_from_row(row: &Row) -> rusqlite::Result<ArtifactRecord> {
+    Ok(ArtifactRecord {
+        component_sha256: row.get(0)?,
+        engine_key: row.get(1)?,
+        artifact_sha256: row.get(2)?,
+        recorded_at: row.get(3)?,
+    })
+}
 
 fn extension_from_row(row: &Row) -> rusqlite::Result<ExtensionRecord> {
     Ok(ExtensionRecord {
@@ -1461,6 +1472,54 @@ impl StoreTx for SqliteTx<'_> {
             .execute("DELETE FROM extension_revisions WHERE id = ?1", [id])
             .map_err(self.err("removing an extension"))?;
         Ok(())
+    }
+
+    fn component_artifact(
+        &self,
+        component_sha256: &str,
+        engine_key: &str,
+    ) -> Result<Option<ArtifactRecord>> {
+        self.conn
+            .prepare_cached(
+                "SELECT component_sha256, engine_key, artifact_sha256, recorded_at \
+                 FROM component_artifacts WHERE component_sha256 = ?1 AND engine_key = ?2",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![component_sha256, engine_key], artifact_from_row)
+                    .optional()
+            })
+            .map_err(self.err("reading a component artifact record"))
+    }
+
+    fn record_component_artifact(&self, rec: &ArtifactRecord) -> Result<()> {
+        self.ensure_writable()?;
+        self.conn
+            .execute(
+                "INSERT INTO component_artifacts (component_sha256, engine_key, artifact_sha256, recorded_at) \
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT(component_sha256, engine_key) DO UPDATE \
+                 SET artifact_sha256 = excluded.artifact_sha256, recorded_at = excluded.recorded_at",
+                params![
+                    rec.component_sha256,
+                    rec.engine_key,
+                    rec.artifact_sha256,
+                    rec.recorded_at
+                ],
+            )
+            .map_err(self.err("recording a component artifact"))?;
+        Ok(())
+    }
+
+    fn component_artifacts(&self) -> Result<Vec<ArtifactRecord>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT component_sha256, engine_key, artifact_sha256, recorded_at \
+                 FROM component_artifacts ORDER BY component_sha256, engine_key",
+            )
+            .map_err(self.err("listing component artifacts"))?;
+        stmt.query_map([], artifact_from_row)
+            .and_then(|rows| rows.collect())
+            .map_err(self.err("listing component artifacts"))
     }
 
     fn turn(&self, turn_key: &str) -> Result<Option<TurnRecord>> {
