@@ -4,11 +4,13 @@
 //! none of it may carry a raw escape, C1 control, bidi override, carriage return or backspace, nor
 //! open Markdown structure that hides text. JSON output and the JSON projections keep it exactly.
 
+mod plugin_support;
 #[path = "turn_support/mod.rs"]
 mod turn_support;
 
 use std::path::Path;
 
+use plugin_support::{extension, harvest_cache, seed_cache, wasm};
 use serde_json::Value;
 use turn_support::{Project, turn_run};
 
@@ -362,4 +364,139 @@ fn errors_that_echo_input_are_inert() {
         }
         assert_inert(&format!("{args:?} json stderr"), &r.stderr, kernel_error);
     }
+}
+
+/// A file name that becomes a provider target, and a body only a plugin would show.
+const HOSTILE_NAME: &str = "HOSTILE \u{1b}]0;pwned\u{7}\u{202e}\r\u{9b}31m\u{8}name";
+
+/// `capability invoke` and `provider call` show what plugins wrote (observation bodies with a
+/// NUL, provider targets, refusal reasons that echo a proposal, guest error text) inert in text
+/// and Markdown, and exactly in JSON.
+#[test]
+fn plugin_text_is_inert_in_capability_and_provider_output() {
+    let p = Project::with_goal_g();
+    let data = p.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let body = format!("{HOSTILE}\nNUL \u{0} here\n");
+    std::fs::write(data.join(HOSTILE_NAME), &body).unwrap();
+    let probe = extension(
+        p.path(),
+        "probe",
+        "provider",
+        "p",
+        &wasm("probe-provider"),
+        &["fs.read:data"],
+        "",
+        "",
+    );
+    let cap = extension(
+        p.path(),
+        "hostile",
+        "capability",
+        "cap",
+        &wasm("hostile-cap"),
+        &[],
+        "uses = [\"probe/p\"]",
+        "",
+    );
+    seed_cache(&p.state());
+    let grant = format!("fs.read:data={}", data.display());
+    let probe = probe.to_str().unwrap();
+    p.ok(&["extension", "install", probe, "--grant", &grant]);
+    p.ok(&["extension", "install", cap.to_str().unwrap()]);
+    harvest_cache(&p.state());
+
+    let target = format!("/data/{HOSTILE_NAME}");
+    std::fs::write(
+        p.path().join("read.json"),
+        serde_json::json!({"operation": "read", "target": target, "params": {}}).to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        p.path().join("calls.txt"),
+        format!("call probe/p read {target}\ncomplete {HOSTILE}\n"),
+    )
+    .unwrap();
+    std::fs::write(p.path().join("error.txt"), format!("error {HOSTILE}\n")).unwrap();
+    let provider = ["provider", "call", "probe/p", "--input", "read.json"];
+    let invoke = [
+        "capability",
+        "invoke",
+        "hostile/cap",
+        "--goal-id",
+        "g",
+        "--dry-run",
+        "--input",
+        "calls.txt",
+    ];
+    for format in ["text", "markdown"] {
+        for args in [&provider[..], &invoke[..]] {
+            let mut full = vec!["--format", format];
+            full.extend_from_slice(args);
+            let r = p.run(&full);
+            let what = format!("{} ({format})", args[..2].join(" "));
+            assert_eq!(r.code, 0, "{what}: {r:?}");
+            assert_inert(&what, &r.stdout, false);
+            assert_inert(&format!("{what} stderr"), &r.stderr, false);
+            assert!(
+                r.stdout.contains("pwned") && r.stdout.contains("\\u{1b}"),
+                "{what}: the plugin's text must be shown escaped:\n{}",
+                r.stdout
+            );
+        }
+        let md = p.run(&[
+            "--format",
+            "markdown",
+            "provider",
+            "call",
+            "probe/p",
+            "--input",
+            "read.json",
+        ]);
+        assert_inert_markdown("provider call (markdown)", &md.stdout);
+        assert!(
+            md.stdout.contains("\\u{0}"),
+            "the NUL is shown: {}",
+            md.stdout
+        );
+    }
+    // Guest error text reaches the operator through the error printer.
+    for format in ["text", "markdown"] {
+        let r = p.run(&[
+            "--format",
+            format,
+            "capability",
+            "invoke",
+            "hostile/cap",
+            "--goal-id",
+            "g",
+            "--dry-run",
+            "--input",
+            "error.txt",
+        ]);
+        assert_ne!(r.code, 0, "{r:?}");
+        assert_inert("guest error (stdout)", &r.stdout, false);
+        assert_inert("guest error (stderr)", &r.stderr, true);
+    }
+
+    // JSON keeps the exact text.
+    let obs = p.json(&provider);
+    assert_eq!(obs["observation"]["body"], body.as_str());
+    let inv = p.json(&invoke);
+    assert!(holds(&inv, &target), "provider target kept exactly: {inv}");
+    assert!(holds(&inv, HOSTILE), "proposal kept exactly: {inv}");
+    let r = p.run(&[
+        "--format",
+        "json",
+        "capability",
+        "invoke",
+        "hostile/cap",
+        "--goal-id",
+        "g",
+        "--dry-run",
+        "--input",
+        "error.txt",
+    ]);
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains(HOSTILE), "{message}");
 }
