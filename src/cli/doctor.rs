@@ -50,6 +50,13 @@ pub fn run(ctx: &Context, _args: DoctorArgs) -> Result<Output> {
                 Ok(p) => record("database integrity", false, p.join("; "), &paths.db()),
                 Err(e) => record("database integrity", false, e.to_string(), &paths.db()),
             }
+            match crate::turn::journal_repair::undecodable_turns(&mut kernel) {
+                Ok(p) if p.is_empty() => {
+                    record("turn journal", true, "ok".to_string(), &paths.db())
+                }
+                Ok(p) => record("turn journal", false, p.join("; "), &paths.db()),
+                Err(e) => record("turn journal", false, e.to_string(), &paths.db()),
+            }
             match kernel.schema_version() {
                 Ok(v) => record("schema version", true, v.to_string(), &paths.db()),
                 Err(e) => record("schema version", false, e.to_string(), &paths.db()),

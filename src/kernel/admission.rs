@@ -42,6 +42,36 @@ fn texts(t: &Transition) -> Vec<(&'static str, &str)> {
     }
 }
 
+/// Longest `artifact_path` a piece of evidence may name, in bytes.
+pub const MAX_ARTIFACT_PATH: usize = 1024;
+
+/// The checks of a proposal that need no state: every field within its limits. This is the one
+/// validation of a proposal's shape, whatever carried it: a capability's batch and a turn result's
+/// `proposals` reach it through [`admit_in_tx`], and the turn result's `evidence[]` items are
+/// checked by calling it on the `attach_evidence` they become (`turn::result`), so a path or digest
+/// refused in one form is refused in every form. Checks of artifact paths and digests belong here.
+pub fn check_proposal(t: &Transition) -> std::result::Result<(), Refusal> {
+    for (field, text) in texts(t) {
+        if text.len() > MAX_PROPOSAL_TEXT {
+            return Err(format!(
+                "{field} is {} bytes; the limit is {MAX_PROPOSAL_TEXT}",
+                text.len()
+            ));
+        }
+    }
+    if let Transition::AttachEvidence {
+        artifact_path: Some(p),
+        ..
+    } = t
+        && (p.is_empty() || p.len() > MAX_ARTIFACT_PATH || p.contains('\0'))
+    {
+        return Err(format!(
+            "artifact_path must be 1-{MAX_ARTIFACT_PATH} bytes without NUL"
+        ));
+    }
+    Ok(())
+}
+
 /// Turns a kernel error on one proposal into a refusal; store failures still abort the batch.
 fn refusal(err: LoopxError) -> Result<Refusal> {
     match err {
@@ -59,13 +89,8 @@ fn apply(
     report: &mut AdmissionReport,
     now: i64,
 ) -> Result<std::result::Result<(String, Option<String>), Refusal>> {
-    for (field, text) in texts(t) {
-        if text.len() > MAX_PROPOSAL_TEXT {
-            return Ok(Err(format!(
-                "{field} is {} bytes; the limit is {MAX_PROPOSAL_TEXT}",
-                text.len()
-            )));
-        }
+    if let Err(r) = check_proposal(t) {
+        return Ok(Err(r));
     }
     let goal_id = &source.goal_id;
     // Loads a todo of *this* goal; any other id (including another goal's todo) is refused.

@@ -15,8 +15,12 @@ pub const MAX_PROPOSAL_TEXT: usize = 8 * 1024;
 pub const MAX_PROPOSALS_PER_CALL: usize = 256;
 
 /// A change a capability asks the kernel to make to the goal it was invoked on.
+///
+/// Unknown fields are refused in every variant (`deny_unknown_fields` on an internally tagged
+/// enum applies to each variant's fields, the `type` tag excepted): a proposal that says
+/// `"bogus": 1` or misspells a field is an error, never silently reinterpreted.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Transition {
     /// Add an agent todo. `id` lets a capability name it (so re-proposing is idempotent and later
     /// proposals in the same batch can depend on it); the kernel generates one when absent.
@@ -117,4 +121,38 @@ pub struct AdmissionReport {
     pub replan_requested: bool,
     /// Seconds until the capability asked to be woken, when it did.
     pub wake_after_seconds: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_are_refused_in_every_variant() {
+        let valid = [
+            r#"{"type":"add_todo","id":null,"title":"t","detail":"","priority":"P2","kind":"task","lane":null,"depends_on":[],"capability":null}"#,
+            r#"{"type":"attach_evidence","todo_id":"t1","text":"x","artifact_path":null,"artifact_digest":null}"#,
+            r#"{"type":"complete_todo","todo_id":"t1","evidence":null}"#,
+            r#"{"type":"block_todo","todo_id":"t1","reason":"r"}"#,
+            r#"{"type":"defer_todo","todo_id":"t1","reason":"r"}"#,
+            r#"{"type":"open_user_gate","title":"t","detail":"","blocking":true,"blocks_agent":null}"#,
+            r#"{"type":"request_replan","reason":"r"}"#,
+            r#"{"type":"schedule_wake","after_seconds":5,"reason":"r"}"#,
+            r#"{"type":"no_change","reason":"r"}"#,
+        ];
+        for text in valid {
+            let t: Transition =
+                serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            // Round trip: what is accepted serializes to something accepted again.
+            let again: Transition =
+                serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+            assert_eq!(t, again);
+            let bogus = format!("{},\"bogus\":1}}", &text[..text.len() - 1]);
+            let err = serde_json::from_str::<Transition>(&bogus).unwrap_err();
+            assert!(err.to_string().contains("bogus"), "{bogus}: {err}");
+        }
+        assert!(
+            serde_json::from_str::<Transition>(r#"{"type":"resolve_gate","todo_id":"g"}"#).is_err()
+        );
+    }
 }

@@ -488,16 +488,18 @@ fn artifact_from_row(row: &Row) -> rusqlite::Result<ArtifactRecord> {
 }
 
 fn extension_from_row(row: &Row) -> rusqlite::Result<ExtensionRecord> {
-    Ok(ExtensionRecord {
-        id: row.get(0)?,
-        revision: row.get(1)?,
-        version: row.get(2)?,
-        manifest: json_col(row, 3)?,
-        grants: json_col(row, 4)?,
-        install_dir: row.get(5)?,
-        component_hashes: json_col(row, 6)?,
-        installed_at: row.get(7)?,
-        enabled: row.get::<_, Option<bool>>(8)?.unwrap_or(false),
+    locate(row, "extension_revisions", &[0, 1], || {
+        Ok(ExtensionRecord {
+            id: row.get(0)?,
+            revision: row.get(1)?,
+            version: row.get(2)?,
+            manifest: json_col(row, 3)?,
+            grants: json_col(row, 4)?,
+            install_dir: row.get(5)?,
+            component_hashes: json_col(row, 6)?,
+            installed_at: row.get(7)?,
+            enabled: row.get::<_, Option<bool>>(8)?.unwrap_or(false),
+        })
     })
 }
 
@@ -508,8 +510,8 @@ fn turn_from_row(row: &Row) -> rusqlite::Result<TurnRecord> {
         agent_id: row.get(2)?,
         todo_id: row.get(3)?,
         status: row.get(4)?,
-        phases: json_col(row, 5)?,
-        data: json_col(row, 6)?,
+        phases,
+        data,
         created_at: row.get(7)?,
         updated_at: row.get(8)?,
     })
@@ -1133,6 +1135,56 @@ impl StoreTx for SqliteTx<'_> {
             .conn
             .prepare_cached(&format!(
                 "SELECT {EVIDENCE_COLUMNS} FROM evidence WHERE goal_id = ?1 ORDER BY id DESC LIMIT ?2"
+    // `phases` and `data` are decoded leniently: a row whose JSON cannot be read back (invalid
+    // UTF-8, nesting beyond serde_json's reader limit, a damaged page) is returned with
+    // `data_error` set instead of failing the whole query, so recovery, `turn list` and every
+    // other agent's turn keep working while the driver settles that one row.
+    let lenient = |idx: usize| -> rusqlite::Result<(String, Option<String>)> {
+        match row.get_ref(idx)? {
+            ValueRef::Text(bytes) => match std::str::from_utf8(bytes) {
+                Ok(t) => Ok((t.to_string(), None)),
+                Err(e) => Ok((
+                    String::from_utf8_lossy(bytes).into_owned(),
+                    Some(format!("not UTF-8: {e}")),
+                )),
+            },
+            other => Ok((
+                String::new(),
+                Some(format!("stored as {:?}, not text", other.data_type())),
+            )),
+        }
+    };
+    let (phases_text, phases_err) = lenient(5)?;
+    let (data_text, data_err) = lenient(6)?;
+    let phases = match phases_err.map_or_else(
+        || serde_json::from_str::<Vec<String>>(&phases_text).map_err(|e| e.to_string()),
+        Err,
+    ) {
+        Ok(p) => Ok(p),
+        Err(e) => Err(format!("phases: {e}")),
+    };
+    let data = match data_err.map_or_else(
+        || serde_json::from_str::<serde_json::Value>(&data_text).map_err(|e| e.to_string()),
+        Err,
+    ) {
+        Ok(d) => Ok(d),
+        Err(e) => Err(format!("data: {e}")),
+    };
+    let (phases, data, data_error) = match (phases, data) {
+        (Ok(p), Ok(d)) => (p, d, None),
+        (p, d) => {
+            let why: Vec<String> = [p.as_ref().err(), d.as_ref().err()]
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect();
+            (
+                p.unwrap_or_default(),
+                serde_json::Value::String(data_text),
+                Some(why.join("; ")),
+            )
+        }
+    };
             ))
             .map_err(self.err("reading evidence"))?;
         stmt.query_map(params![goal_id, limit as i64], evidence_from_row)
@@ -1143,6 +1195,7 @@ impl StoreTx for SqliteTx<'_> {
     fn insert_run(&self, run: &Run) -> Result<()> {
         self.ensure_writable()?;
         self.conn
+        data_error,
             .prepare_cached(&format!(
                 "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
             ))

@@ -658,6 +658,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
     let mut o = TurnOutcome::from_journal(&rec, &data);
     o.recovered_turns = recovered_turns;
     o.warnings = warnings;
+            data_error: None,
     o.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(o)
 }
@@ -690,7 +691,11 @@ pub fn recover(
                 if rec.status != JournalStatus::InProgress.as_str() {
                     continue;
                 }
-                let data = journal_data(&rec)?;
+                // In flight elsewhere with a row that does not decode: its driver (or the next
+                // recovery once that driver is gone) settles it; nothing to describe here.
+                let Ok(data) = journal_data(&rec) else {
+                    continue;
+                };
                 let mut o = TurnOutcome::from_journal(&rec, &data);
                 o.detail = format!(
                     "in flight in another process (pid {}); left alone",
@@ -732,6 +737,14 @@ fn recover_one(kernel: &mut Kernel, turn_key: &str) -> Result<Option<TurnOutcome
 
 /// The phase to run next, from the journal alone.
 fn next_phase(rec: &TurnRecord, data: &JournalData) -> Phase {
+    // A row that cannot be read back is settled as failed rather than blocking recovery.
+    if rec.status == JournalStatus::InProgress.as_str()
+        && let Some(why) = super::journal_repair::undecodable_reason(&rec)
+    {
+        let o = super::journal_repair::settle_undecodable(kernel, &rec, &why);
+        lock.finish();
+        return o.map(Some);
+    }
     let failed = data.kind.is_some_and(TurnResultKind::is_failure);
     match rec.phases.last().and_then(|p| Phase::parse(p).ok()) {
         None => Phase::HostExecute,

@@ -13,12 +13,15 @@
 //! * [`driver`]: plan, run, recover, inspect.
 //! * [`loop_ctl`]: the pure loop controller and `loopx loop`.
 
+//! * [`journal_repair`]: settling (and reporting) journal rows that cannot be decoded.
 pub mod capability;
 pub mod driver;
 pub mod host;
 pub mod loop_ctl;
 pub mod result;
 
+pub mod isolation;
+pub mod journal_repair;
 pub use driver::{TurnOutcome, TurnRequest, inspect, list_turns, plan, recover, run_turn};
 pub use loop_ctl::{Budget, LoopDisposition, LoopReport, LoopRequest, decide_loop, run_loop};
 

@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::host::ProcessOutcome;
+use crate::kernel::admission::check_proposal;
 use crate::kernel::model::wire_enum;
-use crate::kernel::transition::{MAX_PROPOSAL_TEXT, Transition};
+use crate::kernel::transition::Transition;
 
 pub const REQUEST_SCHEMA: &str = "loopx.turn_request.v1";
 pub const RESULT_SCHEMA: &str = "loopx.turn_result.v1";
@@ -24,6 +25,11 @@ pub const MAX_OBSERVATIONS: usize = 64;
 /// Largest serialized `data` of one observation.
 pub const MAX_OBSERVATION_BYTES: usize = 16 * 1024;
 pub const MAX_HOST_PROPOSALS: usize = 64;
+/// Deepest nesting of arrays and objects in a result, counting the result object as 1.
+/// serde_json's reader refuses documents nested deeper than 128, and the journal row and the run
+/// row embed the result one level down (`data.result`, `payload.result`); refusing anything deeper
+/// than 64 here means whatever is accepted can always be read back, with room to spare.
+pub const MAX_RESULT_DEPTH: usize = 64;
 
 wire_enum!(
     /// What the host says its turn achieved.
@@ -86,10 +92,28 @@ pub fn parse_result(out: &ProcessOutcome, turn_key: &str) -> Result<HostResult, 
     if !out.stdout_utf8 {
         return Err("stdout is not valid UTF-8".to_string());
     }
-    let text = out.stdout.trim();
+    parse_result_text(&out.stdout, turn_key)
+}
+
+/// Parses and checks a result document (the host's stdout, already known to be UTF-8): size and
+/// depth first, so nothing larger or deeper than the limits reaches the JSON reader, then shape
+/// and every field limit.
+pub fn parse_result_text(stdout: &str, turn_key: &str) -> Result<HostResult, String> {
+    if stdout.len() > MAX_STDOUT {
+        return Err(format!(
+            "stdout is {} bytes; the limit is {MAX_STDOUT}",
+            stdout.len()
+        ));
+    }
+    let text = stdout.trim();
     if text.is_empty() {
         return Err(format!(
             "stdout is empty; the host must print one {RESULT_SCHEMA} JSON object"
+        ));
+    }
+    if let Some(depth) = json_depth_over(text, MAX_RESULT_DEPTH) {
+        return Err(format!(
+            "the result nests arrays and objects {depth} levels deep; the limit is {MAX_RESULT_DEPTH}"
         ));
     }
     let result: HostResult = serde_json::from_str(text).map_err(|e| {
@@ -98,6 +122,40 @@ pub fn parse_result(out: &ProcessOutcome, turn_key: &str) -> Result<HostResult, 
     })?;
     check_result(&result, turn_key)?;
     Ok(result)
+}
+
+/// The nesting depth of the JSON text `text` once it exceeds `limit` (arrays and objects; the
+/// outermost counts as 1), or `None` when it stays within. A lexical scan: brackets inside strings
+/// do not count, and the scan stops at the first level over the limit, so the cost is bounded by
+/// the input and no recursion happens. For text that is not JSON the figure is meaningless, but
+/// such text is refused by the parser anyway.
+pub fn json_depth_over(text: &str, limit: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return Some(depth);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
 }
 
 fn check_result(r: &HostResult, turn_key: &str) -> Result<(), String> {
@@ -130,18 +188,16 @@ fn check_result(r: &HostResult, turn_key: &str) -> Result<(), String> {
         if e.text.trim().is_empty() {
             return Err(format!("evidence[{i}].text is empty"));
         }
-        if e.text.len() > MAX_PROPOSAL_TEXT {
-            return Err(format!(
-                "evidence[{i}].text is {} bytes; the limit is {MAX_PROPOSAL_TEXT}",
-                e.text.len()
-            ));
-        }
-        if let Some(p) = &e.artifact_path
-            && (p.is_empty() || p.len() > 1024 || p.contains('\0'))
-        {
-            return Err(format!(
-                "evidence[{i}].artifact_path must be 1-1024 bytes without NUL"
-            ));
+        // The same check admission applies to an `attach_evidence` proposal (which is what this
+        // item becomes): one validation, whichever way evidence arrives.
+        let as_proposal = Transition::AttachEvidence {
+            todo_id: String::new(),
+            text: e.text.clone(),
+            artifact_path: e.artifact_path.clone(),
+            artifact_digest: None,
+        };
+        if let Err(why) = check_proposal(&as_proposal) {
+            return Err(format!("evidence[{i}]: {why}"));
         }
     }
     if r.observations.len() > MAX_OBSERVATIONS {
