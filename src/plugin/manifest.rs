@@ -313,115 +313,269 @@ pub fn is_token(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
 }
 
-/// Parses a `major.minor.patch` version (pre-release/build suffixes ignored).
-pub fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
-    let core = v.split(['-', '+']).next()?;
-    let mut it = core.split('.');
-    let a = it.next()?.trim().parse().ok()?;
-    let b = it
-        .next()
-        .map(|x| x.trim().parse().ok())
-        .unwrap_or(Some(0))?;
-    let c = it
-        .next()
-        .map(|x| x.trim().parse().ok())
-        .unwrap_or(Some(0))?;
-    if it.next().is_some() {
-        return None;
-    }
-    Some((a, b, c))
+/// Whether `s` can name an extension or a component: a path-safe token that starts with a letter
+/// or digit, so it can be typed on a command line (`-x` would be read as a flag) and never looks
+/// like a hidden file.
+pub fn is_extension_id(s: &str) -> bool {
+    is_token(s) && s.starts_with(|c: char| c.is_ascii_alphanumeric())
 }
 
-/// Whether `version` satisfies a comma-separated range of `>=`, `>`, `<=`, `<`, `=` comparators
-/// (a bare version means `=`; `^x.y` means `>=x.y, <x.(y+1)` below 1.0 and `<(x+1)` above).
-pub fn range_matches(range: &str, version: (u64, u64, u64)) -> Option<bool> {
-    let mut ok = true;
-    let mut any = false;
-    for part in range.split(',') {
-        let part = part.trim();
-        if part.is_empty() {
-            continue;
-        }
-        any = true;
-        let (op, rest) = ["<=", ">=", "<", ">", "=", "^"]
-            .iter()
-            .find_map(|op| part.strip_prefix(op).map(|r| (*op, r.trim())))
-            .unwrap_or(("=", part));
-        let v = parse_version(rest)?;
-        let hit = match op {
-            "<=" => version <= v,
-            ">=" => version >= v,
-            "<" => version < v,
-            ">" => version > v,
-            "^" => {
-                let upper = if v.0 == 0 {
-                    (0, v.1 + 1, 0)
-                } else {
-                    (v.0 + 1, 0, 0)
-                };
-                version >= v && version < upper
-            }
-            _ => version == v,
-        };
-        ok &= hit;
+/// Parses a `major.minor.patch` version with the `semver` crate (strict SemVer 2.0: no spaces, no
+/// missing parts, no leading zeros); pre-release/build suffixes are allowed and ignored here.
+pub fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
+    semver::Version::parse(v)
+        .ok()
+        .map(|v| (v.major, v.minor, v.patch))
+}
+
+/// Whether the host's `loopx:plugin` version satisfies the manifest's `api` requirement, parsed by
+/// `semver::VersionReq` (Cargo's syntax: `>=0.1, <0.2`, `^0.1`, `~0.1.0`, `=0.1.0`; a bare version
+/// means `^`). `Err` names why the requirement is not understood.
+pub fn api_supported(range: &str) -> Result<bool, String> {
+    let req = semver::VersionReq::parse(range).map_err(|e| e.to_string())?;
+    let (major, minor, patch) = HOST_API_VERSION;
+    Ok(req.matches(&semver::Version::new(major, minor, patch)))
+}
+
+/// Largest `extension.toml` read, in bytes. Real manifests are well under 4 KiB; the bound keeps a
+/// manifest that is a device or an enormous file from being read without end.
+pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024;
+/// Largest component file read at install, in bytes. Release builds of real components are a few
+/// MiB; debug builds with full DWARF stay well below this.
+pub const MAX_COMPONENT_BYTES: u64 = 64 << 20;
+/// The first bytes of every WebAssembly binary (module or component).
+const WASM_MAGIC: &[u8; 4] = b"\0asm";
+
+/// A file read for install: the bytes and their sha256, hashed while reading.
+pub struct InstallFile {
+    pub bytes: Vec<u8>,
+    pub sha256: String,
+}
+
+/// Reads `path` for install only if it is a regular file (after following symlinks) of at most
+/// `cap` bytes, hashing while reading. The file is opened without blocking (a FIFO planted under
+/// the name cannot stall the install), the type and size are checked on the open descriptor (the
+/// file cannot be swapped between check and read), and at most `cap + 1` bytes are ever read, so
+/// `/dev/zero` or a file that grows while being read is refused at once instead of filling memory.
+/// `Err` is a sentence about the file, never its content.
+pub fn read_install_file(path: &Path, cap: u64) -> Result<InstallFile, String> {
+    use sha2::Digest;
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot be opened ({e})"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot be read ({e})"))?;
+    if !meta.file_type().is_file() {
+        return Err(format!(
+            "is not a regular file ({}); only regular files are read",
+            describe_type(&meta.file_type())
+        ));
     }
-    any.then_some(ok)
+    if meta.len() > cap {
+        return Err(format!("is {} bytes; the limit is {cap}", meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    let mut hasher = sha2::Sha256::new();
+    let mut reader = file.take(cap + 1);
+    let mut chunk = [0u8; 64 * 1024];
+    loop {
+        let n = match reader.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("cannot be read ({e})")),
+        };
+        if (bytes.len() + n) as u64 > cap {
+            return Err(format!(
+                "grew past the limit of {cap} bytes while being read"
+            ));
+        }
+        hasher.update(&chunk[..n]);
+        bytes.extend_from_slice(&chunk[..n]);
+    }
+    Ok(InstallFile {
+        bytes,
+        sha256: hex::encode(hasher.finalize()),
+    })
+}
+
+/// Reads a component for install: [`read_install_file`] under [`MAX_COMPONENT_BYTES`], and the
+/// bytes must be a WebAssembly binary. Text is refused before the engine sees it: the engine
+/// would otherwise try it as WAT and quote the offending line of whatever file was named.
+pub fn read_component_file(path: &Path) -> Result<InstallFile, String> {
+    let f = read_install_file(path, MAX_COMPONENT_BYTES)?;
+    if !f.bytes.starts_with(WASM_MAGIC) {
+        return Err(
+            "is not a WebAssembly binary (it does not start with \\0asm); name the built .wasm component"
+                .to_string(),
+        );
+    }
+    Ok(f)
+}
+
+fn describe_type(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a plain file"
+    }
+}
+
+/// Words a manifest error may quote: the manifest's own vocabulary and TOML punctuation. Anything
+/// else quoted by the TOML or serde error (a key, a value, a line) came from the file and is
+/// replaced by `…`, so a file that is not a manifest never has its content printed.
+const VOCABULARY: &[&str] = &[
+    "id",
+    "version",
+    "api",
+    "description",
+    "permissions",
+    "provides",
+    "kind",
+    "component",
+    "uses",
+    "limits",
+    "fuel",
+    "deadline_ms",
+    "memory_mib",
+    "output_kib",
+    "max_provider_calls",
+    "log_kib",
+    "capability",
+    "provider",
+];
+
+/// `message` with every quoted segment (between backticks or double quotes) that is not in
+/// [`VOCABULARY`] or plain punctuation replaced by `…`.
+fn redact(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(start) = rest.find(['`', '"']) {
+        let quote = rest[start..].chars().next().expect("found above");
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        let Some(len) = after.find(quote) else {
+            out.push(quote);
+            out.push('…');
+            return out;
+        };
+        let inner = &after[..len];
+        let safe = VOCABULARY.contains(&inner)
+            || (inner.len() <= 3 && inner.chars().all(|c| c.is_ascii_punctuation()));
+        out.push(quote);
+        out.push_str(if safe { inner } else { "…" });
+        out.push(quote);
+        rest = &after[len + 1..];
+    }
+    out.push_str(rest);
+    // A message may also end in the offending text unquoted; keep only its first line.
+    out.lines().next().unwrap_or_default().to_string()
 }
 
 impl Manifest {
-    /// Reads and validates `<dir>/extension.toml`.
+    /// Reads and validates `<dir>/extension.toml`: a regular file of at most
+    /// [`MAX_MANIFEST_BYTES`], UTF-8 TOML.
     pub fn load(dir: &Path) -> PluginResult<Manifest> {
         let path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                PluginError::not_found(
-                    format!("{}", path.display()),
+        let origin = path.display().to_string();
+        match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(PluginError::not_found(
+                    origin,
                     "an extension directory must contain extension.toml (see docs/extension-authors.md)",
-                )
-            } else {
-                PluginError::host(format!("reading {}", path.display()), e)
+                ));
             }
+            _ => {}
+        }
+        let file = read_install_file(&path, MAX_MANIFEST_BYTES)
+            .map_err(|why| PluginError::manifest(&origin, format!("the manifest {why}")))?;
+        let text = String::from_utf8(file.bytes).map_err(|_| {
+            PluginError::manifest(&origin, "the manifest is not UTF-8 text, so it is not TOML")
         })?;
-        Manifest::parse(&text, &path.display().to_string())
+        Manifest::parse(&text, &origin)
     }
 
-    /// Parses and validates manifest text; `origin` names it in errors.
+    /// Parses and validates manifest text; `origin` names it in errors. A parse error names the
+    /// line and column and quotes none of the text (see [`redact`]).
     pub fn parse(text: &str, origin: &str) -> PluginResult<Manifest> {
-        let m: Manifest = toml::from_str(text)
-            .map_err(|e| PluginError::manifest(origin, e.message().to_string()))?;
+        if text.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(PluginError::manifest(
+                origin,
+                format!(
+                    "the manifest is {} bytes; the limit is {MAX_MANIFEST_BYTES}",
+                    text.len()
+                ),
+            ));
+        }
+        let m: Manifest = toml::from_str(text).map_err(|e| {
+            let at = e
+                .span()
+                .map(|span| {
+                    let before = &text[..span.start.min(text.len())];
+                    let line = before.matches('\n').count() + 1;
+                    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                    format!("line {line}, column {column}: ")
+                })
+                .unwrap_or_default();
+            PluginError::manifest(origin, format!("{at}{}", redact(e.message())))
+        })?;
         m.validate()?;
         Ok(m)
     }
 
     fn validate(&self) -> PluginResult<()> {
         let who = &self.id;
-        if !is_token(&self.id) {
+        if !is_extension_id(&self.id) {
             return Err(PluginError::manifest(
                 who,
-                "id must be a path-safe token ([A-Za-z0-9._-], max 64)",
+                "id must start with a letter or digit and be a path-safe token ([A-Za-z0-9._-], max 64)",
             ));
         }
-        if parse_version(&self.version).is_none() {
+        // Strict SemVer through the `semver` crate: "1", " 1 . 2 . 3 " and control characters are
+        // refused. The text is not echoed: it can be anything the author's file held.
+        if self.version.len() > 64 || semver::Version::parse(&self.version).is_err() {
             return Err(PluginError::manifest(
                 who,
-                format!("version '{}' is not major.minor.patch", self.version),
+                "version is not a SemVer version (major.minor.patch, e.g. \"0.1.0\")",
             ));
         }
-        match range_matches(&self.api, HOST_API_VERSION) {
-            None => {
+        if self.api.len() > 64 {
+            return Err(PluginError::manifest(
+                who,
+                "api requirement is longer than 64 bytes",
+            ));
+        }
+        match api_supported(&self.api) {
+            Err(why) => {
                 return Err(PluginError::manifest(
                     who,
-                    format!("api range '{}' is not understood", self.api),
+                    format!(
+                        "api requirement is not a SemVer requirement such as \">=0.1, <0.2\" ({why})"
+                    ),
                 ));
             }
-            Some(false) => {
+            Ok(false) => {
                 return Err(PluginError::ApiVersion {
                     plugin: who.clone(),
                     found: format!("api = \"{}\"", self.api),
                     supported: version_string(),
                 });
             }
-            Some(true) => {}
+            Ok(true) => {}
         }
         let mut seen = BTreeMap::new();
         for p in &self.permissions {
@@ -442,10 +596,13 @@ impl Manifest {
         let mut ids = BTreeMap::new();
         for p in &self.provides {
             let label = format!("{}/{}", self.id, p.id);
-            if !is_token(&p.id) {
+            if !is_extension_id(&p.id) {
                 return Err(PluginError::manifest(
                     who,
-                    format!("provides id '{}' is not a path-safe token", p.id),
+                    format!(
+                        "provides id '{}' must start with a letter or digit and be a path-safe token",
+                        p.id
+                    ),
                 ));
             }
             if ids.insert(p.id.clone(), ()).is_some() {
@@ -542,11 +699,74 @@ mod tests {
 
     #[test]
     fn ranges() {
-        assert_eq!(range_matches(">=0.1, <0.2", (0, 1, 0)), Some(true));
-        assert_eq!(range_matches(">=0.2", (0, 1, 0)), Some(false));
-        assert_eq!(range_matches("^0.1", (0, 1, 5)), Some(true));
-        assert_eq!(range_matches("^0.1", (0, 2, 0)), Some(false));
-        assert_eq!(range_matches("nonsense", (0, 1, 0)), None);
+        assert_eq!(api_supported(">=0.1, <0.2"), Ok(true));
+        assert_eq!(api_supported(">=0.2"), Ok(false));
+        assert_eq!(api_supported("^0.1"), Ok(true));
+        assert_eq!(api_supported("^0.2"), Ok(false));
+        assert!(api_supported("nonsense").is_err());
+        // The hand-written matcher this replaced computed `minor + 1` and overflowed here.
+        assert_eq!(api_supported("^0.18446744073709551615"), Ok(false));
+    }
+
+    fn manifest_with(id: &str, version: &str, api: &str) -> String {
+        format!(
+            "id = \"{id}\"\nversion = \"{version}\"\napi = \"{api}\"\n[[provides]]\nkind = \"capability\"\nid = \"c\"\ncomponent = \"c.wasm\"\n"
+        )
+    }
+
+    #[test]
+    fn version_api_and_id_are_strict() {
+        assert!(Manifest::parse(&manifest_with("x", "0.1.0", ">=0.1, <0.2"), "t").is_ok());
+        for bad_version in [
+            "1",
+            " 1 . 2 . 3 ",
+            "1.2",
+            "01.2.3",
+            "1.2.3\\u0000",
+            "1.2.3\\n",
+            "v1.2.3",
+        ] {
+            let text = manifest_with("x", bad_version, ">=0.1, <0.2");
+            let err = Manifest::parse(&text, "t").unwrap_err();
+            assert!(
+                matches!(err, PluginError::Manifest { .. }),
+                "{bad_version}: {err}"
+            );
+            assert!(err.to_string().contains("SemVer"), "{bad_version}: {err}");
+        }
+        for bad_api in ["^0.18446744073709551615.0.0", "nonsense", "0.1 || 0.2"] {
+            let text = manifest_with("x", "0.1.0", bad_api);
+            assert!(Manifest::parse(&text, "t").is_err(), "{bad_api}");
+        }
+        assert!(matches!(
+            Manifest::parse(&manifest_with("x", "0.1.0", "^0.18446744073709551615"), "t"),
+            Err(PluginError::ApiVersion { .. })
+        ));
+        for bad_id in ["-x", "_x", ".x", ""] {
+            let text = manifest_with(bad_id, "0.1.0", ">=0.1, <0.2");
+            assert!(Manifest::parse(&text, "t").is_err(), "{bad_id}");
+        }
+    }
+
+    #[test]
+    fn parse_errors_quote_nothing_from_the_file() {
+        for text in [
+            "root:x:0:0:root:/root:/bin/bash\n",
+            "secret_key = \"hunter2\"\n",
+            "id = 12345678\n",
+            "[provides]\nkind = \"hunter2\"\n",
+        ] {
+            let err = Manifest::parse(text, "t").unwrap_err().to_string();
+            for word in ["root:x", "hunter2", "secret_key", "12345678"] {
+                assert!(!err.contains(word), "{text:?} -> {err}");
+            }
+            assert!(err.contains("line "), "{err}");
+        }
+        // The manifest's own vocabulary is still quoted, so an author can fix a typo.
+        let err = Manifest::parse("idd = \"x\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`version`"), "{err}");
     }
 
     #[test]

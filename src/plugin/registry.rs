@@ -206,13 +206,20 @@ impl PluginHost {
             } else {
                 dir.join(&p.component)
             };
-            let wasm = std::fs::read(&path).map_err(|e| {
-                PluginError::not_found(
-                    format!("component {} of {label} ({e})", path.display()),
+            // Bounded, regular files only, hashed while read (`manifest::read_component_file`).
+            if !path.exists() {
+                return Err(PluginError::not_found(
+                    format!("component {} of {label}", path.display()),
                     "build it first, e.g. `cargo build --release --target wasm32-wasip2`",
+                ));
+            }
+            let file = super::manifest::read_component_file(&path).map_err(|why| {
+                PluginError::manifest(
+                    &manifest.id,
+                    format!("{label}: component {} {why}", path.display()),
                 )
             })?;
-            let sha = sha256_hex(&wasm);
+            let (wasm, sha) = (file.bytes, file.sha256);
             let comp_grants = if p.kind == Kind::Provider {
                 parsed.clone()
             } else {
