@@ -278,3 +278,85 @@ fn every_call_gets_a_fresh_instance_and_memory() {
         );
     }
 }
+
+/// Hostile-cap (with `cap_limits`) that may call probe-provider (with `probe_limits`), which is
+/// granted `<project>/data`. Returns the project and the granted directory.
+fn cap_with_probe(cap_limits: &str, probe_limits: &str) -> (Project, std::path::PathBuf) {
+    let mut p = Project::new();
+    p.goal("g1");
+    let data = p.dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let probe = extension(
+        p.dir.path(),
+        "probe",
+        "provider",
+        "p",
+        &wasm("probe-provider"),
+        &["fs.read:data"],
+        "",
+        probe_limits,
+    );
+    p.install(&probe, &[&format!("fs.read:data={}", data.display())])
+        .unwrap();
+    let cap = extension(
+        p.dir.path(),
+        "hostile",
+        "capability",
+        "cap",
+        &wasm("hostile-cap"),
+        &[],
+        "uses = [\"probe/p\"]",
+        cap_limits,
+    );
+    p.install(&cap, &[]).unwrap();
+    (p, data)
+}
+
+/// Opens `fifo` for writing after `delay` and closes it, so a reader blocked on it gets EOF: the
+/// tests must finish (and fail) on a host that waits for the reader, not hang.
+fn release_fifo_after(fifo: std::path::PathBuf, delay: std::time::Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        for _ in 0..200 {
+            // Non-blocking: fails with ENXIO while no reader has it open.
+            let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK) };
+            if fd >= 0 {
+                unsafe { libc::close(fd) };
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    });
+}
+
+/// The capability's 2 s deadline bounds the whole call, provider call included, within the
+/// documented slack (`DEADLINE_SLACK_MS`, plus scheduling noise on a busy machine).
+fn expect_capability_deadline(p: &mut Project, payload: &str) {
+    let started = std::time::Instant::now();
+    let err = expect_failure(p, payload, "deadline", &["2000 ms"]);
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(2000 + 700),
+        "the capability call took {took:?}, past its 2000 ms deadline"
+    );
+    let calls = &err.call.as_ref().unwrap().provider_calls;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].outcome, "deadline", "{calls:?}");
+}
+
+#[test]
+fn provider_call_gets_at_most_the_capabilitys_remaining_deadline() {
+    let (mut p, _) = cap_with_probe("deadline_ms = 2000", "deadline_ms = 8000");
+    expect_capability_deadline(&mut p, "call probe/p sleep 8000\nok");
+}
+
+#[test]
+fn provider_blocked_in_a_read_cannot_outlive_the_capability() {
+    let (mut p, data) = cap_with_probe("deadline_ms = 2000", "deadline_ms = 8000");
+    let fifo = data.join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    release_fifo_after(fifo, std::time::Duration::from_secs(10));
+    expect_capability_deadline(&mut p, "call probe/p read /data/fifo\nok");
+}

@@ -183,3 +183,36 @@ fn sleeping_provider_returns_by_its_deadline() {
         started.elapsed()
     );
 }
+
+#[test]
+fn provider_blocked_in_a_read_returns_by_its_deadline() {
+    let (mut p, granted) = setup_with_limits(
+        &["fs.read:data"],
+        &["fs.read:data=$GRANTED"],
+        "deadline_ms = 300",
+    );
+    let fifo = granted.join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // Release a reader that is still blocked after 10 s, so an unbounded host fails this test
+    // instead of hanging it.
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        for _ in 0..200 {
+            let fd = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK) };
+            if fd >= 0 {
+                unsafe { libc::close(fd) };
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    });
+    let started = std::time::Instant::now();
+    let err = refused(&mut p, "read", "/data/fifo");
+    assert_eq!(err.plugin_kind, Some("deadline"), "{}", err.error);
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(300 + 700),
+        "the provider held the host for {:?}",
+        started.elapsed()
+    );
+}

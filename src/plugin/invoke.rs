@@ -131,7 +131,7 @@ pub fn call_provider(
     name: &str,
     request: &ObserveRequest,
 ) -> Result<(Observation, CallReport), InvokeError> {
-    let provider = host.load_named(kernel, name, Kind::Provider)?;
+    let provider = std::sync::Arc::new(host.load_named(kernel, name, Kind::Provider)?);
     let (result, call) = provider.observe(request);
     match result {
         Ok(o) => Ok((o, call)),

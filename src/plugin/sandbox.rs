@@ -81,8 +81,14 @@ impl cap::loopx::plugin::host::Host for HostState {
         request: wit::ObserveRequest,
     ) -> Result<wit::Observation, wit::PluginError> {
         let logs = self.logs.clone();
+        let deadline = self.deadline;
         match self.broker.as_mut() {
-            Some(b) => b.call(&provider_id, bindings::request_from_wit(request), &logs),
+            Some(b) => b.call(
+                &provider_id,
+                bindings::request_from_wit(request),
+                &logs,
+                deadline,
+            ),
             None => Err(wit::PluginError::Denied(
                 "this plugin may not call providers".into(),
             )),
@@ -107,17 +113,24 @@ pub(crate) struct Broker {
     providers: HashMap<String, Arc<LoadedPlugin>>,
     max_calls: u32,
     used: u32,
+    /// The capability's own `deadline_ms`, named when a provider call runs past it.
+    deadline_ms: u64,
     calls: Vec<ProviderCall>,
     /// The first host-contract violation; it fails the whole capability call afterwards.
     violation: Option<PluginError>,
 }
 
 impl Broker {
+    /// One provider call on behalf of the capability whose call ends at `deadline`. The provider
+    /// runs under the earlier of its own deadline and the capability's, so a provider call never
+    /// outlives its caller; a provider blocked where its own deadline cannot reach it (a blocking
+    /// read in a host call) is abandoned when the capability's time is up.
     fn call(
         &mut self,
         id: &str,
         request: ObserveRequest,
         logs: &LogBuffer,
+        deadline: Instant,
     ) -> Result<wit::Observation, wit::PluginError> {
         let record = |outcome: &str, detail: String| ProviderCall {
             provider: id.to_string(),
@@ -152,8 +165,23 @@ impl Broker {
             self.calls.push(record("unavailable", msg.clone()));
             return Err(wit::PluginError::Unavailable(msg));
         };
+        if Instant::now() >= deadline {
+            return Err(self.out_of_time(record("deadline", String::new())));
+        }
         // Nested call: its log lines stay in the capability's buffer (`drain = false`).
-        let (result, _) = provider.run_observe(&request, logs, false);
+        let Some((result, _)) = run_bounded(&provider, &request, logs, false, Some(deadline))
+        else {
+            return Err(self.out_of_time(record("deadline", String::new())));
+        };
+        if Instant::now() >= deadline {
+            // The provider used up the capability's time (its own deadline was cut to it): the
+            // capability's call has failed, whatever the provider returned.
+            let detail = match &result {
+                Ok(_) => "returned after the capability's deadline".to_string(),
+                Err(e) => e.to_string(),
+            };
+            return Err(self.out_of_time(record("deadline", detail)));
+        }
         match result {
             Ok(obs) => {
                 self.calls.push(record("ok", obs.summary.clone()));
@@ -166,6 +194,60 @@ impl Broker {
             }
         }
     }
+}
+
+impl Broker {
+    /// Records a provider call that ran out of the capability's time and fails the whole
+    /// capability call with `Deadline` (the guest only sees `failed`).
+    fn out_of_time(&mut self, mut call: ProviderCall) -> wit::PluginError {
+        let err = PluginError::Deadline {
+            plugin: self.capability.clone(),
+            limit_ms: self.deadline_ms,
+        };
+        if call.detail.is_empty() {
+            call.detail = err.to_string();
+        }
+        let msg = format!("{} (provider {})", err, call.provider);
+        self.calls.push(call);
+        self.violation.get_or_insert(err);
+        wit::PluginError::Failed(msg)
+    }
+}
+
+/// Slack allowed past a deadline for a call stuck in a blocking host call before the caller stops
+/// waiting for it: the epoch check that normally ends a call lands within two 10 ms ticks, so a
+/// call still running 50 ms after its deadline is blocked where no epoch check can reach it.
+pub const DEADLINE_SLACK_MS: u64 = 50;
+
+/// Runs a provider's `observe` on its own thread and waits at most until `deadline` (the caller's;
+/// without one, the provider's own) plus [`DEADLINE_SLACK_MS`]. `None` when it did not finish by
+/// then: the thread is abandoned, still blocked in its host call (a read of a FIFO, say), and the
+/// caller goes on. Nothing it produces afterwards is used; it holds its instance until the host
+/// call returns or the process exits. Epoch interruption cannot end such a call because no wasm is
+/// running, and a thread cannot be killed, so abandoning it is the only bound there is.
+fn run_bounded(
+    provider: &Arc<LoadedPlugin>,
+    request: &ObserveRequest,
+    logs: &LogBuffer,
+    drain: bool,
+    deadline: Option<Instant>,
+) -> Option<(PluginResult<Observation>, CallReport)> {
+    let started = Instant::now();
+    let own = started + Duration::from_millis(provider.limits.deadline_ms);
+    let until = deadline.map_or(own, |d| d.min(own)) + Duration::from_millis(DEADLINE_SLACK_MS);
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let (p, req, l) = (Arc::clone(provider), request.clone(), logs.clone());
+    let spawned = std::thread::Builder::new()
+        .name("loopx-provider-call".into())
+        .spawn(move || {
+            let _ = tx.send(p.run_observe(&req, &l, drain, deadline));
+        });
+    if spawned.is_err() {
+        // No thread to spare: run inline, bounded by the epoch and clock deadlines only.
+        return Some(provider.run_observe(request, logs, drain, deadline));
+    }
+    rx.recv_timeout(until.saturating_duration_since(Instant::now()))
+        .ok()
 }
 
 enum Pre {
@@ -385,7 +467,14 @@ impl LoadedPlugin {
         }
     }
 
-    fn store(&self, logs: &LogBuffer, broker: Option<Broker>) -> PluginResult<Store<HostState>> {
+    /// A fresh store for one call. `caller_deadline` is the deadline of the call this one serves
+    /// (a capability's, for a provider it calls): the call gets the earlier of that and its own.
+    fn store(
+        &self,
+        logs: &LogBuffer,
+        broker: Option<Broker>,
+        caller_deadline: Option<Instant>,
+    ) -> PluginResult<Store<HostState>> {
         let mut b = WasiCtxBuilder::new();
         b.stdout(logs.stream(&self.label, "stdout"));
         b.stderr(logs.stream(&self.label, "stderr"));
@@ -443,10 +532,18 @@ impl LoadedPlugin {
             .memories(8)
             .trap_on_grow_failure(true)
             .build();
+        let own = Instant::now() + Duration::from_millis(self.limits.deadline_ms);
+        let deadline = caller_deadline.map_or(own, |d| d.min(own));
+        let remaining_ms = u64::try_from(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .as_millis(),
+        )
+        .unwrap_or(u64::MAX);
         let state = HostState {
             wasi: b.build(),
             table: ResourceTable::new(),
-            deadline: Instant::now() + Duration::from_millis(self.limits.deadline_ms),
+            deadline,
             wait_cut: false,
             limits,
             plugin: self.label.clone(),
@@ -458,7 +555,7 @@ impl LoadedPlugin {
         store
             .set_fuel(self.limits.fuel)
             .map_err(|e| PluginError::host("setting fuel", e))?;
-        store.set_epoch_deadline(deadline_ticks(self.limits.deadline_ms));
+        store.set_epoch_deadline(deadline_ticks(remaining_ms));
         store.epoch_deadline_trap();
         store.set_hostcall_fuel(self.limits.output_bytes);
         Ok(store)
@@ -488,7 +585,7 @@ impl LoadedPlugin {
         let logs = LogBuffer::new(self.limits.log_bytes);
         let mut report = CallReport::default();
         let started = Instant::now();
-        let mut store = match self.store(&logs, None) {
+        let mut store = match self.store(&logs, None, None) {
             Ok(s) => s,
             Err(e) => return (Err(e), report),
         };
@@ -539,11 +636,12 @@ impl LoadedPlugin {
             providers,
             max_calls: self.limits.max_provider_calls,
             used: 0,
+            deadline_ms: self.limits.deadline_ms,
             calls: Vec::new(),
             violation: None,
         };
         let started = Instant::now();
-        let mut store = match self.store(&logs, Some(broker)) {
+        let mut store = match self.store(&logs, Some(broker), None) {
             Ok(s) => s,
             Err(e) => return (Err(e), report),
         };
@@ -613,10 +711,25 @@ impl LoadedPlugin {
         Ok(out)
     }
 
-    /// Calls a provider's `observe` with a fresh log buffer.
-    pub fn observe(&self, request: &ObserveRequest) -> (PluginResult<Observation>, CallReport) {
+    /// Calls a provider's `observe` with a fresh log buffer. The call ends within its deadline plus
+    /// [`DEADLINE_SLACK_MS`] even when the provider is blocked in a host call (see [`run_bounded`]).
+    pub fn observe(
+        self: &Arc<Self>,
+        request: &ObserveRequest,
+    ) -> (PluginResult<Observation>, CallReport) {
         let logs = LogBuffer::new(self.limits.log_bytes);
-        self.run_observe(request, &logs, true)
+        run_bounded(self, request, &logs, true, None).unwrap_or_else(|| {
+            let report = CallReport {
+                plugin: self.label.clone(),
+                logs: logs.take(),
+                ..CallReport::default()
+            };
+            let err = PluginError::Deadline {
+                plugin: self.label.clone(),
+                limit_ms: self.limits.deadline_ms,
+            };
+            (Err(err), report)
+        })
     }
 
     fn run_observe(
@@ -624,6 +737,7 @@ impl LoadedPlugin {
         request: &ObserveRequest,
         logs: &LogBuffer,
         drain: bool,
+        caller_deadline: Option<Instant>,
     ) -> (PluginResult<Observation>, CallReport) {
         let mut report = CallReport {
             plugin: self.label.clone(),
@@ -651,7 +765,7 @@ impl LoadedPlugin {
             return (Err(e), report);
         }
         let started = Instant::now();
-        let mut store = match self.store(logs, None) {
+        let mut store = match self.store(logs, None, caller_deadline) {
             Ok(s) => s,
             Err(e) => return (Err(e), report),
         };
