@@ -12,7 +12,7 @@ use crate::kernel::projection::run_json;
 pub struct HistoryArgs {
     #[arg(long)]
     pub goal_id: String,
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, allow_hyphen_values = true, value_parser = super::flags::limit)]
     pub limit: usize,
     /// Page back: only runs older than this run id.
     #[arg(long)]

@@ -17,21 +17,21 @@ pub struct LoopArgs {
     #[command(flatten)]
     pub turn: TurnArgs,
     /// Most turns this loop runs (default 10).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_hyphen_values = true, value_parser = super::flags::max_turns)]
     pub max_turns: u32,
     /// Stop once nothing is runnable for this agent and no other agent holds work on the goal
     /// (instead of sleeping until something is).
     #[arg(long)]
     pub until_idle: bool,
     /// Longest sleep between decisions (default: 1 with --until-idle, else 60).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true, value_parser = super::flags::max_sleep_seconds)]
     pub max_sleep_seconds: Option<u64>,
     /// Failed turns in a row after which the loop stops with `repair`.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, allow_hyphen_values = true, value_parser = super::flags::loop_count)]
     pub max_consecutive_failures: u32,
     /// Turns in a row on one todo whose delivery no validator proved, after which the loop stops
     /// with `no_validated_progress` instead of spending more quota.
-    #[arg(long, default_value_t = DEFAULT_MAX_UNVALIDATED_TURNS)]
+    #[arg(long, default_value_t = DEFAULT_MAX_UNVALIDATED_TURNS, allow_hyphen_values = true, value_parser = super::flags::loop_count)]
     pub max_unvalidated_turns: u32,
 }
 

@@ -8,6 +8,7 @@ mod doctor;
 mod extension;
 mod gate;
 mod goal;
+mod flags;
 mod history;
 mod init;
 mod loop_cmd;
@@ -275,7 +276,7 @@ pub fn main(wasm: WasmDispatch) -> i32 {
             // clap echoes the offending argument as typed: the error goes out as plain text made
             // inert (help and version, which hold only our own text, keep clap's styling below).
             use std::io::Write;
-            let text = e.render().to_string();
+            let text = flags::render_value_error(&e).unwrap_or_else(|| e.render().to_string());
             let _ = write!(std::io::stderr(), "{}", crate::inert::text(&text));
             // clap uses 2 for usage errors, which is also our "bad input" code.
             return 2;

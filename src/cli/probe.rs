@@ -14,7 +14,7 @@ pub enum ProbeCommand {
     Set {
         #[arg(long)]
         goal_id: String,
-        #[arg(long, required_unless_present = "clear")]
+        #[arg(long, required_unless_present = "clear", value_parser = super::flags::probe_text)]
         text: Option<String>,
         #[arg(long, conflicts_with = "text")]
         clear: bool,

@@ -27,7 +27,7 @@ pub enum QuotaCommand {
         goal_id: String,
         #[arg(long)]
         agent_id: Option<String>,
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, allow_hyphen_values = true, value_parser = super::flags::slots)]
         slots: i64,
         #[arg(long)]
         effect_id: Option<String>,
@@ -45,19 +45,19 @@ pub enum QuotaCommand {
         #[arg(long)]
         goal_id: String,
         /// Share of the window automatic turns may use; 0 pauses them.
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true, value_parser = super::flags::compute)]
         compute: Option<f64>,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true, value_parser = super::flags::window_hours)]
         window_hours: Option<f64>,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true, value_parser = super::flags::slot_minutes)]
         slot_minutes: Option<f64>,
         /// Explicit slots per window (overrides compute/window/slot).
-        #[arg(long, conflicts_with = "clear_allowed_slots")]
+        #[arg(long, conflicts_with = "clear_allowed_slots", allow_hyphen_values = true, value_parser = super::flags::slot_count)]
         allowed_slots: Option<i64>,
         #[arg(long)]
         clear_allowed_slots: bool,
         /// Most slots one agent may spend per window.
-        #[arg(long, conflicts_with = "clear_per_agent_cap")]
+        #[arg(long, conflicts_with = "clear_per_agent_cap", allow_hyphen_values = true, value_parser = super::flags::slot_count)]
         per_agent_cap: Option<i64>,
         #[arg(long)]
         clear_per_agent_cap: bool,

@@ -16,7 +16,7 @@ pub enum RewardCommand {
         goal_id: String,
         #[arg(long)]
         run_id: String,
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_hyphen_values = true, value_parser = super::flags::score)]
         score: f64,
         #[arg(long, default_value = "")]
         comment: String,

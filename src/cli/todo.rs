@@ -19,7 +19,7 @@ pub struct AgentProof {
     #[arg(long)]
     pub agent_id: Option<String>,
     /// The fence returned by `todo claim`.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true, value_parser = super::flags::fence)]
     pub fence: Option<i64>,
     /// The idempotency key the claim was made with (default: LOOPX_CLAIM_KEY).
     #[arg(long)]
@@ -45,7 +45,7 @@ pub enum TodoCommand {
         /// Todo ids this one waits for; repeat for several.
         #[arg(long = "depends-on")]
         depends_on: Vec<String>,
-        #[arg(long)]
+        #[arg(long, value_parser = super::flags::capability)]
         capability: Option<String>,
         #[arg(long)]
         lane: Option<String>,
@@ -84,7 +84,7 @@ pub enum TodoCommand {
         todo_id: Option<String>,
         #[arg(long)]
         agent_id: Option<String>,
-        #[arg(long, default_value_t = DEFAULT_TTL_SECONDS)]
+        #[arg(long, default_value_t = DEFAULT_TTL_SECONDS, allow_hyphen_values = true, value_parser = super::flags::ttl_seconds)]
         ttl_seconds: u64,
         /// Names the claim: repeating it returns the same lease; it also proves the lease later.
         #[arg(long)]
@@ -98,7 +98,7 @@ pub enum TodoCommand {
         todo_id: String,
         #[command(flatten)]
         proof: AgentProof,
-        #[arg(long, default_value_t = DEFAULT_TTL_SECONDS)]
+        #[arg(long, default_value_t = DEFAULT_TTL_SECONDS, allow_hyphen_values = true, value_parser = super::flags::ttl_seconds)]
         ttl_seconds: u64,
     },
     /// Give a claimed todo back.

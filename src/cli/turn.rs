@@ -23,7 +23,7 @@ pub struct TurnArgs {
     #[arg(long)]
     pub agent_id: Option<String>,
     /// Host wall-clock budget; on expiry its whole process group is killed.
-    #[arg(long, default_value_t = DEFAULT_TIMEOUT_SECONDS)]
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT_SECONDS, allow_hyphen_values = true, value_parser = super::flags::timeout_seconds)]
     pub timeout_seconds: u64,
     /// Validator argv as a JSON array, e.g. '["cargo","test"]'. It gets the normalized result on
     /// stdin; exit 0 proves the result, anything else is `validation_failed`.
@@ -33,7 +33,7 @@ pub struct TurnArgs {
     #[arg(long)]
     pub trust_host_completion: bool,
     /// Capability for the host's observations (default: the todo's, else builtin:default).
-    #[arg(long)]
+    #[arg(long, value_parser = super::flags::capability)]
     pub capability: Option<String>,
     /// The host argv (no shell), after `--`.
     #[arg(last = true, required = true, value_name = "HOST_ARGV")]
@@ -102,7 +102,7 @@ pub enum TurnCommand {
         /// Only turns in this journal status: in_progress, committed, stopped, failed.
         #[arg(long)]
         status: Option<String>,
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 20, allow_hyphen_values = true, value_parser = super::flags::limit)]
         limit: usize,
     },
 }

@@ -258,18 +258,28 @@ pub(crate) fn insert_new_todo(
     Ok(todo)
 }
 
-/// Capability names are `builtin:default`-style or `<extension>/<capability>` tokens.
+/// Capability names are `builtin:<name>` (today `builtin:default`) or `<extension>/<capability>`,
+/// each part a path-safe token. Exactly those two forms: a bare `no-slash` names no extension, so
+/// the decision could never find it installed and would hold every agent on the goal in
+/// `repair_required`.
 pub fn check_capability_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 120
-        && name
-            .split(['/', ':'])
-            .all(|part| validate_token("capability", part).is_ok());
+    let token = |part: &str| validate_token("capability", part).is_ok();
+    let ok = name.len() <= 120
+        && match (name.strip_prefix("builtin:"), name.split_once('/')) {
+            (Some(rest), None) => token(rest),
+            (None, Some((ext, cap))) => token(ext) && token(cap) && !name.contains(':'),
+            _ => false,
+        };
     if ok {
         Ok(())
+    } else if name.len() > 120 {
+        Err(bad_input(format!(
+            "invalid capability name of {} bytes: use <extension>/<capability> or builtin:default (at most 120 bytes)",
+            name.len()
+        )))
     } else {
         Err(bad_input(format!(
-            "invalid capability '{name}': use <extension>/<capability>, e.g. issue-fix/issue-fix"
+            "invalid capability '{name}': use <extension>/<capability> (e.g. issue-fix/issue-fix) or builtin:default"
         )))
     }
 }
