@@ -2,7 +2,9 @@
 //!
 //! Each variant maps to exactly one process exit code (DESIGN §7), so the CLI never has to guess how
 //! to classify a failure and scripts can branch on the code alone: 1 refused by policy, 2 bad input,
-//! 3 not found, 4 conflict (claim, fence, lease), 5 corrupt state. Messages name the thing and the fix.
+//! 3 not found, 4 conflict (claim, fence, lease), 5 corrupt state, 6 the machine refused an I/O
+//! operation (disk full, read-only filesystem, permission denied). Messages name the thing and the
+//! fix.
 
 use std::path::PathBuf;
 
@@ -24,7 +26,19 @@ pub enum LoopxError {
     /// A file or the database is damaged. It is reported and never overwritten.
     #[error("corrupt state at {path}: {detail}")]
     Corrupt { path: PathBuf, detail: String },
-    /// An unexpected I/O or SQLite failure that is not the caller's fault.
+    /// The machine refused an I/O operation on `path`: the disk is full, the filesystem is
+    /// read-only, permission is denied, or the device failed. Neither the request nor the state is
+    /// at fault, so it is neither "refused" nor "corrupt": the operator fixes the machine and
+    /// retries. `context` says what LoopX was doing to which path; the message ends with the OS's
+    /// reason.
+    #[error("{context}: {source}")]
+    Io {
+        path: PathBuf,
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An unexpected failure that is not the caller's fault.
     #[error("{context}: {source}")]
     Internal {
         context: String,
@@ -42,6 +56,7 @@ impl LoopxError {
             LoopxError::NotFound(_) => 3,
             LoopxError::Conflict(_) => 4,
             LoopxError::Corrupt { .. } => 5,
+            LoopxError::Io { .. } => 6,
             // Internal failures share the policy code: the command did not happen.
             LoopxError::Internal { .. } => 1,
         }
@@ -55,16 +70,79 @@ impl LoopxError {
             LoopxError::NotFound(_) => "not_found",
             LoopxError::Conflict(_) => "conflict",
             LoopxError::Corrupt { .. } => "corrupt",
+            LoopxError::Io { .. } => "io",
             LoopxError::Internal { .. } => "internal",
         }
     }
 
+    /// An unexpected failure. An `std::io::Error` that the machine caused (see
+    /// [`is_environmental`]) becomes [`LoopxError::Io`] instead, so every file write in the code
+    /// base reports a full disk or a read-only mount with exit 6 without each call site having to
+    /// classify it. The path is the one the context names (`"writing /x/y"`, the convention of
+    /// every call site), or empty when it names none; the message keeps the whole context.
     pub fn internal(context: impl Into<String>, source: impl Into<anyhow::Error>) -> Self {
-        LoopxError::Internal {
-            context: context.into(),
-            source: source.into(),
+        let context = context.into();
+        let source = source.into();
+        match source.downcast::<std::io::Error>() {
+            Ok(io) if is_environmental(&io) => LoopxError::Io {
+                path: path_named_in(&context),
+                context,
+                source: io,
+            },
+            Ok(io) => LoopxError::Internal {
+                context,
+                source: io.into(),
+            },
+            Err(source) => LoopxError::Internal { context, source },
         }
     }
+
+    /// An I/O failure on `path`: [`LoopxError::Io`] when the machine caused it, otherwise
+    /// internal (a missing file, say, is the caller's to classify before calling this).
+    pub fn io(path: impl Into<PathBuf>, context: impl Into<String>, err: std::io::Error) -> Self {
+        let path = path.into();
+        let context = context.into();
+        if is_environmental(&err) {
+            LoopxError::Io {
+                path,
+                context,
+                source: err,
+            }
+        } else {
+            LoopxError::Internal {
+                context: format!("{context} ({})", path.display()),
+                source: err.into(),
+            }
+        }
+    }
+}
+
+/// Whether an I/O error is the machine's doing (full disk or quota, read-only filesystem,
+/// permission, a failing device) rather than LoopX's or the caller's.
+pub fn is_environmental(err: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    if matches!(
+        err.kind(),
+        ErrorKind::StorageFull
+            | ErrorKind::ReadOnlyFilesystem
+            | ErrorKind::PermissionDenied
+            | ErrorKind::QuotaExceeded
+            | ErrorKind::FileTooLarge
+    ) {
+        return true;
+    }
+    // EIO (5) and ENXIO (6): the device itself failed or went away.
+    matches!(err.raw_os_error(), Some(5) | Some(6))
+}
+
+/// The absolute path a context sentence names (`"writing /p/.loopx/registry.json"`), or an empty
+/// path. Only used to fill [`LoopxError::Io`]'s `path` for call sites that put it in the text.
+fn path_named_in(context: &str) -> PathBuf {
+    context
+        .split_whitespace()
+        .find(|word| word.starts_with('/'))
+        .map(PathBuf::from)
+        .unwrap_or_default()
 }
 
 pub type Result<T, E = LoopxError> = std::result::Result<T, E>;

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Result, not_found};
+use crate::error::{LoopxError, Result, not_found};
 
 pub const STATE_DIR: &str = ".loopx";
 pub const DB_FILE: &str = "loopx.db";
@@ -43,6 +43,7 @@ impl ProjectPaths {
             if paths.state.join(DB_FILE).is_file() {
                 return Ok(paths);
             }
+            paths.refuse_lost_database()?;
             return Err(not_found(format!(
                 "no LoopX project at {} (missing {}); run `loopx init --root {}` first",
                 paths.project.display(),
@@ -56,12 +57,32 @@ impl ProjectPaths {
             if candidate.db().is_file() {
                 return Ok(candidate);
             }
+            // Only when the database is not there: the common case stays one `stat` per level.
+            candidate.refuse_lost_database()?;
             dir = d.parent();
         }
         Err(not_found(format!(
             "no LoopX project found in {} or any parent; run `loopx init` there, or pass --root / set LOOPX_ROOT",
             cwd.display()
         )))
+    }
+
+    /// Refuses a `.loopx/` directory whose database is gone (exit 5): searching on upward, or
+    /// reporting "no project", would let the next `init` or `start-goal` start an empty project
+    /// in place of the lost one. `loopx init` alone may create the database.
+    pub fn refuse_lost_database(&self) -> Result<()> {
+        if !self.state.is_dir() {
+            return Ok(());
+        }
+        Err(LoopxError::Corrupt {
+            path: self.db(),
+            detail: format!(
+                "the project's state directory {} exists but its database is missing; restore \
+                 {DB_FILE} (and {DB_FILE}-wal) from a backup, or run `loopx init` to start an \
+                 empty project there",
+                self.state.display()
+            ),
+        })
     }
 
     pub fn db(&self) -> PathBuf {

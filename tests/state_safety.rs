@@ -260,6 +260,13 @@ fn damaged_database_exits_5_with_path_and_is_not_overwritten() {
             r.stderr
         );
     }
+    // The only file written: the marker that makes later writes refuse (docs/decisions.md).
+    let marker = p.state().join("CORRUPT");
+    assert!(
+        marker.is_file(),
+        "SQLite's NOTADB marks the project damaged"
+    );
+    std::fs::remove_file(&marker).unwrap();
     assert_eq!(before, p.snapshot());
 }
 
@@ -391,6 +398,10 @@ fn a_damaged_page_is_found_by_doctor() {
     let r = p.run(&["doctor"]);
     assert_eq!(r.code, 5, "{} {}", r.stdout, r.stderr);
     assert!(r.stderr.contains(&db.display().to_string()), "{}", r.stderr);
+    // The only file doctor writes: the marker that makes later writes refuse.
+    let marker = p.state().join("CORRUPT");
+    assert!(marker.is_file(), "doctor marks the damaged database");
+    std::fs::remove_file(&marker).unwrap();
     assert_eq!(before, p.snapshot());
 }
 

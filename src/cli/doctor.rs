@@ -8,7 +8,7 @@ use crate::error::{LoopxError, Result};
 use crate::kernel::Kernel;
 use crate::kernel::projection::check_json_projection;
 use crate::registry::inspect_registry;
-use crate::store::SqliteStore;
+use crate::store::{SqliteStore, Store};
 
 #[derive(Debug, clap::Args)]
 pub struct DoctorArgs {}
@@ -39,17 +39,73 @@ pub fn run(ctx: &Context, _args: DoctorArgs) -> Result<Output> {
         &paths.registry(),
     );
 
-    match SqliteStore::open(&paths.db()) {
-        Err(e) => record("database", false, e.to_string(), &paths.db()),
-        Ok(store) => {
-            let mut kernel = Kernel::from_store(paths.clone(), store);
-            match kernel.integrity_problems() {
-                Ok(p) if p.is_empty() => {
-                    record("database integrity", true, "ok".to_string(), &paths.db())
+    // A check the machine kept from running (read-only filesystem, permission, full disk) says
+    // nothing about the state: it fails doctor with exit 6, never 5 (`io`).
+    let mut io: Option<(String, LoopxError)> = None;
+    let db = paths.db();
+    match SqliteStore::open(&db) {
+        Err(e @ LoopxError::Io { .. }) => {
+            record("database", false, e.to_string(), &db);
+            io.get_or_insert(("database".to_string(), e));
+        }
+        // A file SQLite cannot read as a database was marked damaged by the open itself.
+        Err(e) => record("database", false, e.to_string(), &db),
+        Ok(mut store) => {
+            let integrity = store.integrity_check();
+            match &integrity {
+                Ok(p) if p.is_empty() => record("database integrity", true, "ok".to_string(), &db),
+                Ok(p) => {
+                    // Damaged pages: writes refuse from now on (`.loopx/CORRUPT`), until a
+                    // restored database checks healthy here again.
+                    crate::store::mark_damaged(&db, &p.join("; "));
+                    record("database integrity", false, p.join("; "), &db)
                 }
-                Ok(p) => record("database integrity", false, p.join("; "), &paths.db()),
-                Err(e) => record("database integrity", false, e.to_string(), &paths.db()),
+                Err(e @ LoopxError::Io { .. }) => {
+                    record("database integrity", false, e.to_string(), &db);
+                }
+                Err(e) => record("database integrity", false, e.to_string(), &db),
             }
+            let pages_ok = matches!(&integrity, Ok(p) if p.is_empty());
+            if let Err(e @ LoopxError::Io { .. }) = integrity {
+                io.get_or_insert(("database integrity".to_string(), e));
+            }
+            let marker = crate::store::damage_marker(&db);
+            if marker.exists() {
+                match pages_ok {
+                    true => match std::fs::remove_file(&marker) {
+                        Ok(()) => record(
+                            "damage marker",
+                            true,
+                            format!(
+                                "{} removed: the database checks healthy again",
+                                marker.display()
+                            ),
+                            &marker,
+                        ),
+                        Err(e) => {
+                            let e = LoopxError::io(
+                                &marker,
+                                format!("removing {}", marker.display()),
+                                e,
+                            );
+                            record("damage marker", false, e.to_string(), &marker);
+                            io.get_or_insert(("damage marker".to_string(), e));
+                        }
+                    },
+                    false => record(
+                        "damage marker",
+                        false,
+                        format!("{} exists: writes are refused", marker.display()),
+                        &marker,
+                    ),
+                }
+            }
+            match store.content_problems() {
+                Ok(p) if p.is_empty() => record("database content", true, "ok".to_string(), &db),
+                Ok(p) => record("database content", false, p.join("; "), &db),
+                Err(e) => record("database content", false, e.to_string(), &db),
+            }
+            let mut kernel = Kernel::from_store(paths.clone(), store);
             match crate::turn::journal_repair::undecodable_turns(&mut kernel) {
                 Ok(p) if p.is_empty() => {
                     record("turn journal", true, "ok".to_string(), &paths.db())
@@ -99,12 +155,17 @@ pub fn run(ctx: &Context, _args: DoctorArgs) -> Result<Output> {
             ]
         })
         .collect();
+    let failures: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.1)
+        .map(|c| format!("{}: {}", c.0, c.2))
+        .collect();
+    if let Some((check, err)) = io {
+        if checks.iter().all(|c| c.1 || c.0 == check) {
+            return Err(err);
+        }
+    }
     if let Some(path) = first_bad {
-        let failures: Vec<String> = checks
-            .iter()
-            .filter(|c| !c.1)
-            .map(|c| format!("{}: {}", c.0, c.2))
-            .collect();
         return Err(LoopxError::Corrupt {
             path,
             detail: format!(

@@ -3,6 +3,7 @@
 //! Each command lives in its own file and does three things: turn flags into a kernel call, make
 //! the call, and describe the result as an [`output::Output`]. Policy never lives here.
 
+mod backup;
 mod capability;
 mod doctor;
 mod extension;
@@ -88,6 +89,8 @@ pub enum Command {
     Probe(Nested<probe::ProbeCommand>),
     /// Check the project: database integrity, schema, projections.
     Doctor(doctor::DoctorArgs),
+    /// Write a consistent copy of the database to a new file (SQLite's online backup).
+    Backup(backup::BackupArgs),
     /// Plan, run, recover and inspect bounded agent turns.
     Turn(Nested<turn::TurnCommand>),
     /// Run turns under a bounded budget until done, idle, or interrupted.
@@ -165,6 +168,13 @@ impl Context {
     /// back by now and a close never checkpoints (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). Closing
     /// cost about 0.1 ms a process, 6 % of `quota should-run` (docs/benchmarks.md). Only the
     /// process's own `main` may call this: a long-lived caller would leak a connection per call.
+    fn take_warnings(&self) -> Vec<String> {
+        self.kernel
+            .get()
+            .and_then(|k| k.try_borrow_mut().ok().map(|mut k| k.take_warnings()))
+            .unwrap_or_default()
+    }
+
     fn release_at_exit(self) {
         std::mem::forget(self.kernel);
     }
@@ -227,6 +237,7 @@ fn dispatch(ctx: &Context, command: Command, wasm: WasmDispatch) -> Result<Outpu
         Command::Status(args) => status::run(ctx, args),
         Command::Probe(Nested { command: cmd }) => probe::run(ctx, cmd),
         Command::Doctor(args) => doctor::run(ctx, args),
+        Command::Backup(args) => backup::run(ctx, args),
         Command::Turn(_)
         | Command::Loop(_)
         | Command::Extension(_)
@@ -270,6 +281,7 @@ pub fn exec_wasm_host(_ctx: &Context, _command: Command) -> Result<Output> {
 /// binary's `main`, exits with at once (the store is left for the exit to release:
 /// [`Context::release_at_exit`]).
 pub fn main(wasm: WasmDispatch) -> i32 {
+    open_standard_descriptors();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
@@ -301,13 +313,27 @@ pub fn main(wasm: WasmDispatch) -> i32 {
         }
     };
     let code = match dispatch(&ctx, cli.command, wasm) {
-        Ok(output) => match write_stdout(&output.render(format)) {
-            Ok(()) => 0,
-            Err(err) => {
-                report_error(&err, Format::Text);
-                err.exit_code()
+        Ok(mut output) => {
+            // Failures after the command committed (a projection the disk refused): the
+            // command succeeded, and says what is left to repair.
+            let warnings = ctx.take_warnings();
+            if let (false, Some(value)) = (warnings.is_empty(), output.value.as_object_mut()) {
+                value.insert("warnings".to_string(), serde_json::json!(warnings));
             }
-        },
+            let written = write_stdout(&output.render(format));
+            for warning in &warnings {
+                use std::io::Write;
+                let line = format!("loopx: warning: {}\n", crate::inert::text(warning));
+                let _ = std::io::stderr().write_all(line.as_bytes());
+            }
+            match written {
+                Ok(()) => 0,
+                Err(err) => {
+                    report_error(&err, Format::Text);
+                    err.exit_code()
+                }
+            }
+        }
         Err(err) => {
             report_error(&err, format);
             err.exit_code()
@@ -315,6 +341,39 @@ pub fn main(wasm: WasmDispatch) -> i32 {
     };
     ctx.release_at_exit();
     code
+}
+
+/// Makes sure descriptors 0, 1 and 2 are open, on `/dev/null` when the caller closed them
+/// (`loopx status >&-`). Otherwise the first file the command opens (a projection's temp file,
+/// the directory it syncs) would take the closed number, and what the command prints would go
+/// into that file, or fail with an error no one can see. One `poll` of the three descriptors
+/// tells which are closed (`POLLNVAL`) without waiting: a single system call per process.
+fn open_standard_descriptors() {
+    let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    });
+    // SAFETY: `fds` is a valid array of three `pollfd`s that `poll` may write `revents` into;
+    // a zero timeout never blocks.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+    if ready <= 0 {
+        return;
+    }
+    for pfd in fds {
+        if pfd.revents & libc::POLLNVAL != 0 {
+            // The lowest free descriptor is this one: the lower ones are open or were just
+            // filled, in order. Kept open for the life of the process.
+            if let Ok(null) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+            {
+                use std::os::fd::IntoRawFd;
+                let _ = null.into_raw_fd();
+            }
+        }
+    }
 }
 
 /// Writes a command's output. A reader that went away (`loopx ... | head -1`) is not an error:

@@ -32,6 +32,12 @@ pub fn run(ctx: &Context, args: StartGoalArgs) -> Result<Output> {
         Some(p) => ctx.cwd.join(p),
         None => ctx.cwd.clone(),
     };
+    // `start-goal` initializes a directory that has no project; a `.loopx/` whose database is
+    // gone is a lost project, which only an explicit `loopx init` may replace.
+    let paths = ProjectPaths::at(&project);
+    if !paths.db().is_file() {
+        paths.refuse_lost_database()?;
+    }
     let initialized = Kernel::init(&project)?.is_some();
     let mut kernel = Kernel::open(ProjectPaths::at(&project))?;
     let title: String = text

@@ -87,8 +87,10 @@ impl Kernel {
             )?;
             Ok(goal)
         })?;
-        self.write_registry_projection()?;
-        self.write_goal_projection(&goal.id)?;
+        let registry = self.write_registry_projection();
+        self.after_commit("writing registry.json", registry);
+        let files = self.write_goal_projection(&goal.id);
+        self.after_commit("writing the goal's state files", files);
         Ok(goal)
     }
 
@@ -125,7 +127,8 @@ impl Kernel {
             log_op(tx, Some(goal_id), actor, "goal_status", json!({"status": status}))?;
             Ok(goal)
         })?;
-        self.write_registry_projection()?;
+        let registry = self.write_registry_projection();
+        self.after_commit("writing registry.json", registry);
         Ok(goal)
     }
 
@@ -158,7 +161,8 @@ impl Kernel {
             )?;
             Ok(goal)
         })?;
-        self.write_registry_projection()?;
+        let registry = self.write_registry_projection();
+        self.after_commit("writing registry.json", registry);
         Ok(goal)
     }
 }

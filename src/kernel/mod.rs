@@ -99,25 +99,62 @@ impl Actor {
 pub struct Kernel {
     paths: ProjectPaths,
     store: Box<dyn Store>,
+    /// Failures after a commit (see [`Kernel::after_commit`]), for the CLI to print.
+    warnings: Vec<String>,
 }
 
 impl Kernel {
     /// Creates `.loopx/` under `project` with a fresh database and an empty registry projection.
-    /// Returns `Ok(None)` when the project is already initialized (nothing is touched).
+    /// Returns `Ok(None)` when the project is already initialized (nothing is touched). Never
+    /// replaces a database: an empty `loopx.db`, or a `loopx.db-wal` without its database, is
+    /// damage to report (exit 5), not a project to start over in place (docs/decisions.md,
+    /// "Only `init` creates a database, and never over one").
     pub fn init(project: &Path) -> Result<Option<Kernel>> {
         let paths = ProjectPaths::at(project);
-        if paths.db().is_file() {
-            return Ok(None);
+        let db = paths.db();
+        match std::fs::metadata(&db) {
+            Ok(meta) if meta.len() > 0 => return Ok(None),
+            Ok(_) => {
+                return Err(LoopxError::Corrupt {
+                    path: db,
+                    detail: "the database file is empty (0 bytes); `init` does not write over it. \
+                             Restore loopx.db and loopx.db-wal from a backup, or move .loopx aside \
+                             and run `loopx init` again to start an empty project"
+                        .to_string(),
+                });
+            }
+            Err(_) => {}
+        }
+        let mut wal = db.clone().into_os_string();
+        wal.push("-wal");
+        if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
+            return Err(LoopxError::Corrupt {
+                path: db,
+                detail: format!(
+                    "the database is missing but its write-ahead log {} is not: committed work \
+                     may live only there. Restore loopx.db beside it, or move .loopx aside and run \
+                     `loopx init` again to start an empty project",
+                    std::path::Path::new(&wal).display()
+                ),
+            });
         }
         std::fs::create_dir_all(paths.goals_dir()).map_err(|e| {
             LoopxError::internal(format!("creating {}", paths.goals_dir().display()), e)
         })?;
+        // A damage marker left beside a database that is gone says nothing about the new one.
+        let marker = crate::store::damage_marker(&paths.db());
+        if marker.exists() {
+            std::fs::remove_file(&marker).map_err(|e| {
+                LoopxError::io(&marker, format!("removing {}", marker.display()), e)
+            })?;
+        }
         let store = SqliteStore::create(&paths.db())?;
         // The store made its own entries durable; this makes `.loopx/` itself so.
         crate::store::sync_directory(&paths.project)?;
         let mut kernel = Kernel {
             paths,
             store: Box::new(store),
+            warnings: Vec::new(),
         };
         kernel.write_registry_projection()?;
         Ok(Some(kernel))
@@ -131,6 +168,7 @@ impl Kernel {
         Ok(Kernel {
             paths,
             store: Box::new(store),
+            warnings: Vec::new(),
         })
     }
 
@@ -140,11 +178,36 @@ impl Kernel {
         Kernel {
             paths,
             store: Box::new(store),
+            warnings: Vec::new(),
         }
     }
 
     pub fn paths(&self) -> &ProjectPaths {
         &self.paths
+    }
+
+    /// Settles a step that runs after the command's transaction committed (writing a
+    /// projection). Its failure cannot undo the commit, so it must not fail the command: an
+    /// exit code other than 0 would tell the caller nothing happened, and a caller that retries
+    /// would record the run (or create the goal) a second time. It becomes a warning the CLI
+    /// prints, and the projection is repaired by the next write of the goal or by
+    /// `loopx refresh-state` without a goal (docs/decisions.md, "A command that committed
+    /// succeeds").
+    pub(crate) fn after_commit(&mut self, what: &str, result: Result<()>) {
+        if let Err(e) = result {
+            self.warnings.push(format!(
+                "the command committed, but {what} failed: {e} (exit code {}, {}). Nothing needs \
+                 retrying; fix the cause, then run `loopx refresh-state` (no goal) to re-create \
+                 the projections",
+                e.exit_code(),
+                e.kind()
+            ));
+        }
+    }
+
+    /// The warnings collected since the last call (see [`Kernel::after_commit`]).
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
     }
 
     /// Runs `f` in one read snapshot.

@@ -142,8 +142,10 @@ impl Kernel {
             log_op(tx, Some(&req.goal_id), actor, "run_record", json!({"run_id": run.id}))?;
             Ok((run, projection))
         })?;
-        self.write_run_report(&run)?;
-        self.write_goal_files(&projection)?;
+        let report = self.write_run_report(&run);
+        self.after_commit("writing the run report", report);
+        let files = self.write_goal_files(&projection);
+        self.after_commit("writing the goal's state files", files);
         Ok(run)
     }
 

@@ -10,6 +10,7 @@ mod sqlite;
 
 pub use sqlite::SqliteStore;
 pub(crate) use sqlite::sync_directory;
+pub use sqlite::{DAMAGE_MARKER, damage_marker, mark_damaged};
 
 use crate::error::Result;
 use crate::kernel::model::{
@@ -55,12 +56,12 @@ pub struct TurnRecord {
     pub data: serde_json::Value,
     pub created_at: i64,
     pub updated_at: i64,
-}
     /// Set when the stored `data` (or `phases`) column did not decode; `data` then holds the
     /// stored text as a JSON string. One undecodable row must not fail every listing of the
     /// journal: the turn driver settles such a row as failed and `doctor` reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_error: Option<String>,
+}
 
 /// Where a todo stands in the listing order of [`StoreTx::todos`] (priority, then creation).
 /// Sorting by it puts todos visited by [`StoreTx::for_each_todo`] in that order.

@@ -31,16 +31,26 @@ pub struct SqliteStore {
 }
 
 /// Classifies a SQLite failure: damage is `Corrupt` (exit 5, names the file), lock timeouts are
-/// `Conflict`, everything else is internal.
+/// `Conflict`, a machine that refuses the I/O (full disk, read-only filesystem or database file,
+/// permission, a failing device) is `Io` (exit 6), everything else is internal. `errno` is the OS
+/// error SQLite saw (`sqlite3_system_errno`), 0 when unknown.
 fn map_err(path: &Path, context: &str, err: rusqlite::Error) -> LoopxError {
+    map_err_errno(path, context, err, 0)
+}
+
+fn map_err_errno(path: &Path, context: &str, err: rusqlite::Error, errno: i32) -> LoopxError {
     if let rusqlite::Error::SqliteFailure(e, _) = &err {
         match e.code {
             ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
+                let detail = format!(
+                    "{err} (while {context}); restore it from a backup or move it aside and run `loopx init`"
+                );
+                // SQLite found a damaged page: mark the project so that writes refuse instead
+                // of building on the damage (`SqliteStore::begin_write`); `doctor` clears it.
+                mark_damaged(path, &detail);
                 return LoopxError::Corrupt {
                     path: path.to_path_buf(),
-                    detail: format!(
-                        "{err} (while {context}); restore it from a backup or move it aside and run `loopx init`"
-                    ),
+                    detail,
                 };
             }
             ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
@@ -49,10 +59,196 @@ fn map_err(path: &Path, context: &str, err: rusqlite::Error) -> LoopxError {
                     path.display()
                 ));
             }
+            ErrorCode::DiskFull
+            | ErrorCode::ReadOnly
+            | ErrorCode::PermissionDenied
+            | ErrorCode::SystemIoFailure
+            | ErrorCode::CannotOpen => {
+                let (source, context) = if errno != 0 {
+                    (
+                        std::io::Error::from_raw_os_error(errno),
+                        format!("{context} in {} ({err})", path.display()),
+                    )
+                } else {
+                    // SQLite did not see an OS error (it refused by itself, say to write a
+                    // database it had to open read-only): its own words are the reason.
+                    let kind = match e.code {
+                        ErrorCode::DiskFull => std::io::ErrorKind::StorageFull,
+                        ErrorCode::ReadOnly => std::io::ErrorKind::ReadOnlyFilesystem,
+                        ErrorCode::PermissionDenied => std::io::ErrorKind::PermissionDenied,
+                        _ => std::io::ErrorKind::Other,
+                    };
+                    (
+                        std::io::Error::new(kind, err.to_string()),
+                        format!("{context} in {}", path.display()),
+                    )
+                };
+                return LoopxError::Io {
+                    path: path.to_path_buf(),
+                    context,
+                    source,
+                };
+            }
             _ => {}
         }
     }
+    if let Some(detail) = undecodable(&err) {
+        // A row whose stored bytes do not decode (invalid UTF-8, JSON that does not parse, a
+        // value of the wrong type) is damaged content, not a LoopX bug. Not marked like a damaged
+        // page: the file is sound and one bad row must not stop every write (the row's owner
+        // may still settle or replace it); `doctor` lists every such row.
+        return LoopxError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!(
+                "{detail} (while {context}); run `loopx doctor` for every damaged row, then restore from a backup"
+            ),
+        };
+    }
     LoopxError::internal(format!("{context} in {}", path.display()), err)
+}
+
+/// The OS error behind the connection's last failure (0 when none). Read only on the error path.
+fn system_errno(conn: &Connection) -> i32 {
+    // SAFETY: `handle` is the live connection's own pointer, used for one read-only call on this
+    // thread while `conn` is borrowed; `sqlite3_system_errno` only reads a field of it.
+    unsafe { rusqlite::ffi::sqlite3_system_errno(conn.handle()) }
+}
+
+/// The description of a decoding failure, or `None` for any other error.
+fn undecodable(err: &rusqlite::Error) -> Option<String> {
+    match err {
+        rusqlite::Error::FromSqlConversionFailure(_, _, inner) => {
+            Some(match inner.downcast_ref::<RowDamage>() {
+                Some(damage) => damage.to_string(),
+                None => format!("a stored value does not decode: {inner}"),
+            })
+        }
+        rusqlite::Error::Utf8Error(_)
+        | rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..) => {
+            Some(format!("a stored value does not decode: {err}"))
+        }
+        _ => None,
+    }
+}
+
+/// A row that does not decode, with its table and key, so the error names what to repair.
+#[derive(Debug)]
+struct RowDamage {
+    table: &'static str,
+    key: String,
+    reason: String,
+}
+
+impl std::fmt::Display for RowDamage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "row {} of table {} does not decode: {}",
+            self.key, self.table, self.reason
+        )
+    }
+}
+
+impl std::error::Error for RowDamage {}
+
+/// Runs a row decoder; a decoding failure is re-raised as [`RowDamage`] naming `table` and the
+/// row's key (columns `keys`). Costs nothing unless the row is damaged.
+fn locate<T>(
+    row: &Row,
+    table: &'static str,
+    keys: &[usize],
+    decode: impl FnOnce() -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    decode().map_err(|err| {
+        if undecodable(&err).is_none() {
+            return err;
+        }
+        let key: Vec<String> = keys
+            .iter()
+            .map(|&idx| match row.get_ref(idx) {
+                Ok(ValueRef::Text(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+                Ok(ValueRef::Integer(i)) => i.to_string(),
+                Ok(other) => format!("{:?}", other.data_type()),
+                Err(_) => "?".to_string(),
+            })
+            .collect();
+        let reason = match &err {
+            rusqlite::Error::FromSqlConversionFailure(idx, _, inner) => {
+                format!("column {}: {inner}", column_name(row, *idx))
+            }
+            rusqlite::Error::InvalidColumnType(idx, name, ty) => {
+                format!("column {name} (#{idx}) holds {ty}")
+            }
+            rusqlite::Error::IntegralValueOutOfRange(idx, v) => {
+                format!("column {}: {v} is out of range", column_name(row, *idx))
+            }
+            other => other.to_string(),
+        };
+        rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Text,
+            Box::new(RowDamage {
+                table,
+                key: format!("({})", key.join(", ")),
+                reason,
+            }),
+        )
+    })
+}
+
+fn column_name(row: &Row, idx: usize) -> String {
+    row.as_ref()
+        .column_name(idx)
+        .map(str::to_string)
+        .unwrap_or_else(|_| format!("#{idx}"))
+}
+
+/// The file whose existence tells every write that SQLite found a damaged page in this
+/// project's database: `.loopx/CORRUPT` beside `loopx.db`. A file, not a row, because the write
+/// path checks it with one `stat` before taking the write lock, and a damaged database may not
+/// be able to hold a row.
+pub const DAMAGE_MARKER: &str = "CORRUPT";
+
+/// The damage marker of the database at `db`.
+pub fn damage_marker(db: &Path) -> PathBuf {
+    db.with_file_name(DAMAGE_MARKER)
+}
+
+/// Records that the database at `db` is damaged. Best effort: on a read-only or full disk the
+/// command still fails with exit 5; only the later writes lose the early refusal (and SQLite
+/// then reports the damage again on the pages they touch).
+pub fn mark_damaged(db: &Path, detail: &str) {
+    let marker = damage_marker(db);
+    if marker.exists() {
+        return;
+    }
+    let text = format!(
+        "SQLite reported damage in {} at {} ms since the epoch:\n{detail}\n\
+         Writes refuse while this file exists. Restore the database from a backup, then run \
+         `loopx doctor`, which removes this file once the database checks healthy.\n",
+        db.display(),
+        crate::clock::now_ms()
+    );
+    let _ = std::fs::write(&marker, text);
+}
+
+/// Refuses a write when the damage marker exists: one `stat` (docs/decisions.md, "Writes stop
+/// at the first sign of a damaged database").
+fn refuse_if_damaged(db: &Path) -> Result<()> {
+    let marker = damage_marker(db);
+    match std::fs::symlink_metadata(&marker) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        _ => Err(LoopxError::Corrupt {
+            path: db.to_path_buf(),
+            detail: format!(
+                "writes are refused: damage was found in this database ({} exists; it says what \
+                 and when). Restore the database from a backup (`loopx backup` makes one), then \
+                 run `loopx doctor`, which removes the marker once the database checks healthy",
+                marker.display()
+            ),
+        }),
+    }
 }
 
 impl SqliteStore {
@@ -77,15 +273,84 @@ impl SqliteStore {
         Ok(store)
     }
 
-    /// Opens an existing database. Never creates one: a missing file is `NotFound`.
+    /// Opens an existing database. Never creates one: a missing file is `NotFound`, and an empty
+    /// one is `Corrupt` (exit 5): `init` writes the first page before it returns, so an empty
+    /// file is a database that lost its content (a truncation, a botched copy), and opening it
+    /// would silently start an empty project in its place.
+    ///
+    /// On a read-only filesystem (or a database file the process may not write) SQLite opens the
+    /// file read-only by itself; reads work as long as the WAL's index (`loopx.db-shm`) exists
+    /// or the WAL is empty. When the index is missing and cannot be created, a database with an
+    /// empty or missing WAL is opened `immutable` (nothing else can be writing a read-only file);
+    /// one whose WAL holds frames cannot be read correctly without its index and is reported as
+    /// an I/O failure (exit 6), never as damage.
     pub fn open(path: &Path) -> Result<SqliteStore> {
-        if !path.is_file() {
-            return Err(crate::error::not_found(format!(
-                "no LoopX database at {}; run `loopx init` in the project first",
-                path.display()
-            )));
+        let len = match std::fs::metadata(path) {
+            Ok(meta) if meta.is_file() => meta.len(),
+            Ok(_) => {
+                return Err(LoopxError::Corrupt {
+                    path: path.to_path_buf(),
+                    detail:
+                        "not a regular file; move it aside and restore the database from a backup"
+                            .to_string(),
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(crate::error::not_found(format!(
+                    "no LoopX database at {}; run `loopx init` in the project first",
+                    path.display()
+                )));
+            }
+            Err(e) => {
+                return Err(LoopxError::io(
+                    path,
+                    format!("reading {}", path.display()),
+                    e,
+                ));
+            }
+        };
+        if len == 0 {
+            return Err(LoopxError::Corrupt {
+                path: path.to_path_buf(),
+                detail: "the database file is empty (0 bytes), so the project's state is gone; \
+                         restore loopx.db and loopx.db-wal from a backup. It is never re-created \
+                         in place: to start over, move .loopx aside and run `loopx init`"
+                    .to_string(),
+            });
         }
-        let wal_existed = wal_path(path).exists();
+        let wal = wal_path(path);
+        let wal_len = std::fs::metadata(&wal).map(|m| m.len()).ok();
+        match Self::open_read_write(path) {
+            Ok(store) => {
+                if wal_len.is_none() {
+                    // Only a new WAL needs its directory entry made durable, and only a store
+                    // that could write one made it.
+                    if !store.conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) {
+                        store.sync_directory()?;
+                    }
+                }
+                Ok(store)
+            }
+            Err(LoopxError::Io { .. }) if wal_len.unwrap_or(0) == 0 => Self::open_immutable(path),
+            Err(LoopxError::Io {
+                path: p,
+                context,
+                source,
+            }) => Err(LoopxError::Io {
+                path: p,
+                context: format!(
+                    "{context}; the database's write-ahead log ({}) holds changes that cannot be \
+                     read without its index (loopx.db-shm), which cannot be created here: make the \
+                     filesystem writable once, or copy the whole .loopx directory elsewhere",
+                    wal.display()
+                ),
+                source,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn open_read_write(path: &Path) -> Result<SqliteStore> {
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -97,10 +362,148 @@ impl SqliteStore {
         };
         store.configure()?;
         store.migrate()?;
-        if !wal_existed {
-            store.sync_directory()?;
+        Ok(store)
+    }
+
+    /// Opens a database that has no WAL content read-only and `immutable`: SQLite then needs no
+    /// WAL index and takes no locks. Only for a database nothing can be writing (see `open`).
+    fn open_immutable(path: &Path) -> Result<SqliteStore> {
+        let uri = format!("file:{}?immutable=1", uri_path(path));
+        let conn = Connection::open_with_flags(
+            &uri,
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| map_err(path, "opening the database read-only", e))?;
+        let store = SqliteStore {
+            conn,
+            path: path.to_path_buf(),
+        };
+        let current = store.current_version()?;
+        let latest = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+        if current != latest {
+            return Err(LoopxError::Io {
+                path: path.to_path_buf(),
+                context: format!(
+                    "the database {} is at schema version {current} and this loopx needs {latest}; \
+                     it cannot be upgraded on a read-only filesystem",
+                    path.display()
+                ),
+                source: std::io::Error::from(std::io::ErrorKind::ReadOnlyFilesystem),
+            });
         }
         Ok(store)
+    }
+
+    /// A consistent copy of the database at `dest` through SQLite's online backup API, which
+    /// reads every page in one read transaction (WAL content included) while writers go on. The
+    /// copy is written to a temporary file beside `dest`, checked with `PRAGMA integrity_check`,
+    /// synced, and only then linked into place, so `dest` never holds a partial copy; an existing
+    /// `dest` is never replaced.
+    pub fn backup_to(&self, dest: &Path) -> Result<u64> {
+        let dir = match dest.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let tmp = dir.join(format!(
+            ".{}.{}.backup-tmp",
+            dest.file_name().and_then(|n| n.to_str()).unwrap_or("loopx"),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&tmp);
+        let result = self.backup_into(&tmp).and_then(|pages| {
+            // `hard_link` fails when `dest` exists: the refusal to overwrite holds even against
+            // a file created after the caller looked.
+            std::fs::hard_link(&tmp, dest).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    crate::error::conflict(format!(
+                        "{} already exists; a backup never replaces a file: choose a new path",
+                        dest.display()
+                    ))
+                } else {
+                    LoopxError::io(dest, format!("linking the backup to {}", dest.display()), e)
+                }
+            })?;
+            sync_directory(&dir)?;
+            Ok(pages)
+        });
+        let _ = std::fs::remove_file(&tmp);
+        result
+    }
+
+    /// Copies every page into a new database file at `tmp`, checks it, and syncs it.
+    fn backup_into(&self, tmp: &Path) -> Result<u64> {
+        use rusqlite::backup::{Backup, StepResult};
+        let mut copy = Connection::open_with_flags(
+            tmp,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| map_err(tmp, "creating the backup file", e))?;
+        // The copy is one self-contained file: its pages are written straight into it (rollback
+        // journal, deleted at the end), not into a WAL beside it that could be lost.
+        copy.pragma_update(None, "journal_mode", "DELETE")
+            .map_err(|e| map_err(tmp, "preparing the backup file", e))?;
+        let pages = {
+            let backup = Backup::new(&self.conn, &mut copy)
+                .map_err(|e| map_err(&self.path, "starting the backup", e))?;
+            // All pages in one step: one read transaction, so the copy is one consistent
+            // snapshot, and a concurrent writer does not restart the copy.
+            loop {
+                match backup
+                    .step(-1)
+                    .map_err(|e| map_err(&self.path, "copying pages", e))?
+                {
+                    StepResult::Done => break,
+                    StepResult::More => continue,
+                    StepResult::Busy | StepResult::Locked => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    _ => continue,
+                }
+            }
+            backup.progress().pagecount
+        };
+        let problems: Vec<String> = copy
+            .prepare("PRAGMA integrity_check")
+            .and_then(|mut stmt| {
+                stmt.query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<rusqlite::Result<Vec<String>>>()
+            })
+            .map_err(|e| map_err(tmp, "checking the backup", e))?;
+        if problems.iter().any(|p| p != "ok") {
+            return Err(LoopxError::Corrupt {
+                path: self.path.clone(),
+                detail: format!(
+                    "the backup copy fails PRAGMA integrity_check: {}; the source database is damaged (run `loopx doctor`)",
+                    problems.join("; ")
+                ),
+            });
+        }
+        // A restored copy must run as the project's database does, in WAL mode (readers beside
+        // the writer). Switching writes the mode into the file's header; closing the last
+        // connection then checkpoints and deletes the new WAL, so the copy stays one file.
+        copy.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| map_err(tmp, "finishing the backup file", e))?;
+        copy.close()
+            .map_err(|(_, e)| map_err(tmp, "closing the backup file", e))?;
+        let mut copy_wal = tmp.as_os_str().to_owned();
+        copy_wal.push("-wal");
+        if std::path::Path::new(&copy_wal).exists() {
+            return Err(LoopxError::internal(
+                "finishing the backup file",
+                anyhow::anyhow!(
+                    "SQLite left {} behind after closing the copy",
+                    tmp.display()
+                ),
+            ));
+        }
+        std::fs::File::open(tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| LoopxError::io(tmp, format!("syncing {}", tmp.display()), e))?;
+        Ok(u64::try_from(pages).unwrap_or(0))
     }
 
     /// Makes the directory entries of the database and its WAL durable, for a process that just
@@ -124,7 +527,14 @@ impl SqliteStore {
                 "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; \
                  PRAGMA journal_size_limit={WAL_SIZE_LIMIT}; PRAGMA mmap_size={MMAP_BYTES};"
             ))
-            .map_err(|e| map_err(&path, "configuring the connection", e))?;
+            .map_err(|e| {
+                map_err_errno(
+                    &path,
+                    "configuring the connection",
+                    e,
+                    system_errno(&self.conn),
+                )
+            })?;
         // See WAL_CHECKPOINT_FRAMES: checkpoints are explicit, never automatic or on close. The
         // hook replaces SQLite's automatic checkpoint.
         self.conn.wal_hook(Some(note_wal_frames));
@@ -179,12 +589,233 @@ impl SqliteStore {
     }
 }
 
+/// Stored JSON columns, by table: each must parse as JSON wherever it is read. The turn journal's
+/// `phases` and `data` are left to the journal's own check (`doctor`'s "turn journal").
+const JSON_COLUMNS: &[(&str, &str)] = &[
+    ("goals", "success_criteria"),
+    ("todos", "gate_scope"),
+    ("runs", "payload"),
+    ("ops", "detail"),
+    ("extension_revisions", "manifest"),
+    ("extension_revisions", "grants"),
+    ("extension_revisions", "component_hashes"),
+];
+
+/// References between rows that the schema does not enforce (only `todos.goal_id` is a foreign
+/// key), as (what, query selecting the dangling row's key as text).
+const REFERENCE_CHECKS: &[(&str, &str)] = &[
+    (
+        "todo -> goal",
+        "SELECT t.goal_id || '/' || t.id FROM todos t WHERE NOT EXISTS (SELECT 1 FROM goals g WHERE g.id = t.goal_id)",
+    ),
+    (
+        "dependency -> todo",
+        "SELECT d.goal_id || '/' || d.todo_id || ' -> ' || d.depends_on FROM todo_deps d \
+         WHERE NOT EXISTS (SELECT 1 FROM todos t WHERE t.goal_id = d.goal_id AND t.id = d.todo_id) \
+            OR NOT EXISTS (SELECT 1 FROM todos t WHERE t.goal_id = d.goal_id AND t.id = d.depends_on)",
+    ),
+    (
+        "evidence -> todo",
+        "SELECT 'evidence ' || e.id || ' (' || e.goal_id || '/' || e.todo_id || ')' FROM evidence e \
+         WHERE NOT EXISTS (SELECT 1 FROM todos t WHERE t.goal_id = e.goal_id AND t.id = e.todo_id)",
+    ),
+    (
+        "evidence -> run",
+        "SELECT 'evidence ' || e.id || ' -> run ' || e.run_id FROM evidence e \
+         WHERE e.run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = e.run_id)",
+    ),
+    (
+        "run -> goal",
+        "SELECT r.id || ' -> goal ' || r.goal_id FROM runs r WHERE NOT EXISTS (SELECT 1 FROM goals g WHERE g.id = r.goal_id)",
+    ),
+    (
+        "run -> todo",
+        "SELECT r.id || ' -> todo ' || r.goal_id || '/' || r.todo_id FROM runs r WHERE r.todo_id IS NOT NULL \
+         AND NOT EXISTS (SELECT 1 FROM todos t WHERE t.goal_id = r.goal_id AND t.id = r.todo_id)",
+    ),
+    (
+        "reward -> run",
+        "SELECT 'reward ' || w.id || ' -> run ' || w.run_id FROM rewards w WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = w.run_id)",
+    ),
+    (
+        "quota policy -> goal",
+        "SELECT q.goal_id FROM quota_policy q WHERE NOT EXISTS (SELECT 1 FROM goals g WHERE g.id = q.goal_id)",
+    ),
+    (
+        "ledger -> goal",
+        "SELECT l.effect_id || ' -> goal ' || l.goal_id FROM quota_ledger l WHERE NOT EXISTS (SELECT 1 FROM goals g WHERE g.id = l.goal_id)",
+    ),
+    (
+        "turn -> goal",
+        "SELECT u.turn_key || ' -> goal ' || u.goal_id FROM turns u WHERE NOT EXISTS (SELECT 1 FROM goals g WHERE g.id = u.goal_id)",
+    ),
+    (
+        "turn -> todo",
+        "SELECT u.turn_key || ' -> todo ' || u.goal_id || '/' || u.todo_id FROM turns u WHERE u.todo_id IS NOT NULL \
+         AND NOT EXISTS (SELECT 1 FROM todos t WHERE t.goal_id = u.goal_id AND t.id = u.todo_id)",
+    ),
+    (
+        "extension -> revision",
+        "SELECT e.id || ' revision ' || e.active_revision FROM extensions e \
+         WHERE NOT EXISTS (SELECT 1 FROM extension_revisions r WHERE r.id = e.id AND r.revision = e.active_revision)",
+    ),
+];
+
+/// At most this many problems of one kind are listed by [`SqliteStore::content_problems`]; the
+/// rest are counted.
+const PROBLEMS_LISTED: usize = 20;
+
+impl SqliteStore {
+    /// Checks the content `PRAGMA integrity_check` cannot see (for `doctor`; reads every row):
+    /// text that is not UTF-8, stored JSON that does not parse, rows the readers cannot decode,
+    /// and references to rows that do not exist. Each problem names its table and key.
+    pub fn content_problems(&mut self) -> Result<Vec<String>> {
+        let mut problems = Vec::new();
+        self.scan_rows(&mut problems)?;
+        for (what, sql) in REFERENCE_CHECKS {
+            let dangling: Vec<String> = self
+                .conn
+                .prepare(sql)
+                .and_then(|mut stmt| {
+                    stmt.query_map([], |r| {
+                        Ok(match r.get_ref(0)? {
+                            ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
+                            other => format!("{:?}", other.data_type()),
+                        })
+                    })?
+                    .collect()
+                })
+                .map_err(|e| map_err(&self.path, "checking references", e))?;
+            list_problems(&mut problems, &dangling, |key| {
+                format!("dangling reference {what}: {key}")
+            });
+        }
+        // Every row through the decoders the commands use, so whatever `doctor` passes, the
+        // commands can read (enum values, integer ranges, column types).
+        let tx = self.begin_read()?;
+        let mut decode = |what: &str, result: Result<()>| {
+            if let Err(e) = result {
+                problems.push(format!("{what}: {e}"));
+            }
+        };
+        let goals = tx.goals();
+        let goal_ids: Vec<String> = match &goals {
+            Ok(goals) => goals.iter().map(|g| g.id.clone()).collect(),
+            Err(_) => Vec::new(),
+        };
+        decode("goals", goals.map(drop));
+        for goal in &goal_ids {
+            decode("todos", tx.todos(goal).map(drop));
+            decode("runs", tx.runs(goal, i64::MAX as usize, None).map(drop));
+            decode(
+                "evidence",
+                tx.recent_evidence(goal, i64::MAX as usize).map(drop),
+            );
+            decode(
+                "rewards",
+                tx.recent_rewards(goal, i64::MAX as usize).map(drop),
+            );
+            decode(
+                "quota ledger",
+                tx.recent_ledger(goal, i64::MAX as usize).map(drop),
+            );
+            decode("quota policy", tx.quota_policy(goal).map(drop));
+        }
+        decode("operation log", tx.ops(None, i64::MAX as usize).map(drop));
+        decode("extensions", tx.extensions().map(drop));
+        drop(tx);
+        Ok(problems)
+    }
+
+    /// Every text value of every table checked for UTF-8, and every stored JSON column parsed.
+    fn scan_rows(&self, problems: &mut Vec<String>) -> Result<()> {
+        let err = |e| map_err(&self.path, "scanning rows", e);
+        let tables: Vec<String> = self
+            .conn
+            .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
+            .and_then(|mut stmt| stmt.query_map([], |r| r.get(0))?.collect())
+            .map_err(err)?;
+        for table in tables {
+            // (name, primary-key position) of each column; the key names a damaged row.
+            let columns: Vec<(String, i64)> = self
+                .conn
+                .prepare(&format!("PRAGMA table_info(\"{table}\")"))
+                .and_then(|mut stmt| {
+                    stmt.query_map([], |r| Ok((r.get(1)?, r.get(5)?)))?
+                        .collect()
+                })
+                .map_err(err)?;
+            let mut key: Vec<usize> = (0..columns.len()).filter(|&i| columns[i].1 > 0).collect();
+            key.sort_by_key(|&i| columns[i].1);
+            let json: Vec<bool> = columns
+                .iter()
+                .map(|(c, _)| JSON_COLUMNS.contains(&(table.as_str(), c.as_str())))
+                .collect();
+            let list = columns
+                .iter()
+                .map(|(c, _)| format!("\"{c}\""))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let mut stmt = self
+                .conn
+                .prepare(&format!("SELECT {list} FROM \"{table}\""))
+                .map_err(err)?;
+            let mut rows = stmt.query([]).map_err(err)?;
+            let mut found = Vec::new();
+            while let Some(row) = rows.next().map_err(err)? {
+                for (idx, (column, _)) in columns.iter().enumerate() {
+                    let ValueRef::Text(bytes) = row.get_ref(idx).map_err(err)? else {
+                        continue;
+                    };
+                    let reason = match std::str::from_utf8(bytes) {
+                        Err(e) => Some(format!("not UTF-8 ({e})")),
+                        Ok(text) if json[idx] => serde_json::from_str::<serde_json::Value>(text)
+                            .err()
+                            .map(|e| format!("stored JSON does not parse ({e})")),
+                        Ok(_) => None,
+                    };
+                    if let Some(reason) = reason {
+                        let key_text: Vec<String> = key
+                            .iter()
+                            .map(|&k| match row.get_ref(k) {
+                                Ok(ValueRef::Text(t)) => String::from_utf8_lossy(t).into_owned(),
+                                Ok(ValueRef::Integer(i)) => i.to_string(),
+                                _ => "?".to_string(),
+                            })
+                            .collect();
+                        found.push(format!(
+                            "table {table} row ({}) column {column}: {reason}",
+                            key_text.join(", ")
+                        ));
+                    }
+                }
+            }
+            list_problems(problems, &found, |p| p.to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Appends the first [`PROBLEMS_LISTED`] of `found`, formatted, and a count of the rest.
+fn list_problems(problems: &mut Vec<String>, found: &[String], format: impl Fn(&str) -> String) {
+    for item in found.iter().take(PROBLEMS_LISTED) {
+        problems.push(format(item));
+    }
+    if found.len() > PROBLEMS_LISTED {
+        problems.push(format!(
+            "... and {} more like the above",
+            found.len() - PROBLEMS_LISTED
+        ));
+    }
+}
+
 impl Store for SqliteStore {
     fn begin_read(&mut self) -> Result<Box<dyn StoreTx + '_>> {
         SqliteTx::begin(&self.conn, &self.path, false)
     }
 
     fn begin_write(&mut self) -> Result<Box<dyn StoreTx + '_>> {
+        refuse_if_damaged(&self.path)?;
         SqliteTx::begin(&self.conn, &self.path, true)
     }
 
@@ -226,7 +857,7 @@ impl<'a> SqliteTx<'a> {
             ("BEGIN DEFERRED", "starting a read")
         };
         conn.execute_batch(sql)
-            .map_err(|e| map_err(path, context, e))?;
+            .map_err(|e| map_err_errno(path, context, e, system_errno(conn)))?;
         Ok(Box::new(SqliteTx {
             conn,
             path,
@@ -303,6 +934,20 @@ pub(crate) fn sync_directory(dir: &Path) -> Result<()> {
         .map_err(|e| LoopxError::internal(format!("syncing directory {}", dir.display()), e))
 }
 
+/// `path` as the path part of a SQLite `file:` URI (`%`, `?` and `#` escaped).
+fn uri_path(path: &Path) -> String {
+    let mut out = String::new();
+    for c in path.to_string_lossy().chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '?' => out.push_str("%3f"),
+            '#' => out.push_str("%23"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// SQLite's write-ahead log beside the database at `db`.
 fn wal_path(db: &Path) -> PathBuf {
     let mut wal = db.as_os_str().to_owned();
@@ -346,8 +991,13 @@ fn todo_from_row(row: &Row) -> rusqlite::Result<Todo> {
         created_at: 0,
         updated_at: 0,
     };
-    read_todo_into(row, &mut todo)?;
+    read_todo_located(row, &mut todo)?;
     Ok(todo)
+}
+
+/// [`read_todo_into`] naming the todo whose row does not decode.
+fn read_todo_located(row: &Row, todo: &mut Todo) -> rusqlite::Result<()> {
+    locate(row, "todos", &[0, 1], || read_todo_into(row, todo))
 }
 
 /// Decodes a `{TODO_COLUMNS}` row into `todo`, reusing its strings' buffers, so a listing of every
@@ -401,32 +1051,36 @@ fn read_todo_into(row: &Row, todo: &mut Todo) -> rusqlite::Result<()> {
 }
 
 fn goal_from_row(row: &Row) -> rusqlite::Result<Goal> {
-    Ok(Goal {
-        id: row.get(0)?,
-        title: row.get(1)?,
-        objective: row.get(2)?,
-        success_criteria: json_col(row, 3)?,
-        status: text_enum(row, 4, GoalStatus::parse)?,
-        project_dir: row.get(5)?,
-        next_probe: row.get(6)?,
-        created_at: row.get(7)?,
-        updated_at: row.get(8)?,
+    locate(row, "goals", &[0], || {
+        Ok(Goal {
+            id: row.get(0)?,
+            title: row.get(1)?,
+            objective: row.get(2)?,
+            success_criteria: json_col(row, 3)?,
+            status: text_enum(row, 4, GoalStatus::parse)?,
+            project_dir: row.get(5)?,
+            next_probe: row.get(6)?,
+            created_at: row.get(7)?,
+            updated_at: row.get(8)?,
+        })
     })
 }
 
 const GOAL_COLUMNS: &str = "id, title, objective, success_criteria, status, project_dir, next_probe, created_at, updated_at";
 
 fn run_from_row(row: &Row) -> rusqlite::Result<Run> {
-    Ok(Run {
-        id: row.get(0)?,
-        goal_id: row.get(1)?,
-        agent_id: row.get(2)?,
-        todo_id: row.get(3)?,
-        classification: row.get(4)?,
-        outcome: row.get(5)?,
-        summary: row.get(6)?,
-        payload: json_col(row, 7)?,
-        created_at: row.get(8)?,
+    locate(row, "runs", &[0], || {
+        Ok(Run {
+            id: row.get(0)?,
+            goal_id: row.get(1)?,
+            agent_id: row.get(2)?,
+            todo_id: row.get(3)?,
+            classification: row.get(4)?,
+            outcome: row.get(5)?,
+            summary: row.get(6)?,
+            payload: json_col(row, 7)?,
+            created_at: row.get(8)?,
+        })
     })
 }
 
@@ -434,16 +1088,18 @@ const RUN_COLUMNS: &str =
     "id, goal_id, agent_id, todo_id, classification, outcome, summary, payload, created_at";
 
 fn evidence_from_row(row: &Row) -> rusqlite::Result<Evidence> {
-    Ok(Evidence {
-        id: row.get(0)?,
-        goal_id: row.get(1)?,
-        todo_id: row.get(2)?,
-        text: row.get(3)?,
-        artifact_path: row.get(4)?,
-        artifact_digest: row.get(5)?,
-        run_id: row.get(6)?,
-        actor: row.get(7)?,
-        created_at: row.get(8)?,
+    locate(row, "evidence", &[0], || {
+        Ok(Evidence {
+            id: row.get(0)?,
+            goal_id: row.get(1)?,
+            todo_id: row.get(2)?,
+            text: row.get(3)?,
+            artifact_path: row.get(4)?,
+            artifact_digest: row.get(5)?,
+            run_id: row.get(6)?,
+            actor: row.get(7)?,
+            created_at: row.get(8)?,
+        })
     })
 }
 
@@ -451,27 +1107,31 @@ const EVIDENCE_COLUMNS: &str =
     "id, goal_id, todo_id, text, artifact_path, artifact_digest, run_id, actor, created_at";
 
 fn reward_from_row(row: &Row) -> rusqlite::Result<Reward> {
-    Ok(Reward {
-        id: row.get(0)?,
-        goal_id: row.get(1)?,
-        run_id: row.get(2)?,
-        score: row.get(3)?,
-        comment: row.get(4)?,
-        actor: row.get(5)?,
-        created_at: row.get(6)?,
+    locate(row, "rewards", &[0], || {
+        Ok(Reward {
+            id: row.get(0)?,
+            goal_id: row.get(1)?,
+            run_id: row.get(2)?,
+            score: row.get(3)?,
+            comment: row.get(4)?,
+            actor: row.get(5)?,
+            created_at: row.get(6)?,
+        })
     })
 }
 
 fn ledger_from_row(row: &Row) -> rusqlite::Result<LedgerEntry> {
-    Ok(LedgerEntry {
-        effect_id: row.get(0)?,
-        goal_id: row.get(1)?,
-        agent_id: row.get(2)?,
-        run_id: row.get(3)?,
-        slots: row.get(4)?,
-        kind: text_enum(row, 5, LedgerKind::parse)?,
-        voids_effect_id: row.get(6)?,
-        created_at: row.get(7)?,
+    locate(row, "quota_ledger", &[0], || {
+        Ok(LedgerEntry {
+            effect_id: row.get(0)?,
+            goal_id: row.get(1)?,
+            agent_id: row.get(2)?,
+            run_id: row.get(3)?,
+            slots: row.get(4)?,
+            kind: text_enum(row, 5, LedgerKind::parse)?,
+            voids_effect_id: row.get(6)?,
+            created_at: row.get(7)?,
+        })
     })
 }
 
@@ -504,6 +1164,56 @@ fn extension_from_row(row: &Row) -> rusqlite::Result<ExtensionRecord> {
 }
 
 fn turn_from_row(row: &Row) -> rusqlite::Result<TurnRecord> {
+    // `phases` and `data` are decoded leniently: a row whose JSON cannot be read back (invalid
+    // UTF-8, nesting beyond serde_json's reader limit, a damaged page) is returned with
+    // `data_error` set instead of failing the whole query, so recovery, `turn list` and every
+    // other agent's turn keep working while the driver settles that one row.
+    let lenient = |idx: usize| -> rusqlite::Result<(String, Option<String>)> {
+        match row.get_ref(idx)? {
+            ValueRef::Text(bytes) => match std::str::from_utf8(bytes) {
+                Ok(t) => Ok((t.to_string(), None)),
+                Err(e) => Ok((
+                    String::from_utf8_lossy(bytes).into_owned(),
+                    Some(format!("not UTF-8: {e}")),
+                )),
+            },
+            other => Ok((
+                String::new(),
+                Some(format!("stored as {:?}, not text", other.data_type())),
+            )),
+        }
+    };
+    let (phases_text, phases_err) = lenient(5)?;
+    let (data_text, data_err) = lenient(6)?;
+    let phases = match phases_err.map_or_else(
+        || serde_json::from_str::<Vec<String>>(&phases_text).map_err(|e| e.to_string()),
+        Err,
+    ) {
+        Ok(p) => Ok(p),
+        Err(e) => Err(format!("phases: {e}")),
+    };
+    let data = match data_err.map_or_else(
+        || serde_json::from_str::<serde_json::Value>(&data_text).map_err(|e| e.to_string()),
+        Err,
+    ) {
+        Ok(d) => Ok(d),
+        Err(e) => Err(format!("data: {e}")),
+    };
+    let (phases, data, data_error) = match (phases, data) {
+        (Ok(p), Ok(d)) => (p, d, None),
+        (p, d) => {
+            let why: Vec<String> = [p.as_ref().err(), d.as_ref().err()]
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect();
+            (
+                p.unwrap_or_default(),
+                serde_json::Value::String(data_text),
+                Some(why.join("; ")),
+            )
+        }
+    };
     Ok(TurnRecord {
         turn_key: row.get(0)?,
         goal_id: row.get(1)?,
@@ -514,6 +1224,7 @@ fn turn_from_row(row: &Row) -> rusqlite::Result<TurnRecord> {
         data,
         created_at: row.get(7)?,
         updated_at: row.get(8)?,
+        data_error,
     })
 }
 
@@ -618,7 +1329,7 @@ impl SqliteTx<'_> {
     /// The error mapping for one call site. The context is static, so mapping costs nothing
     /// until an error happens: row loops call this once per row.
     fn err(&self, context: &'static str) -> impl FnOnce(rusqlite::Error) -> LoopxError + '_ {
-        move |e| map_err(self.path, context, e)
+        move |e| map_err_errno(self.path, context, e, system_errno(self.conn))
     }
 
     fn ensure_writable(&self) -> Result<()> {
@@ -709,7 +1420,7 @@ impl SqliteTx<'_> {
         while let Some(row) = rows.next().map_err(self.err("listing todos"))? {
             let todo = match current.as_mut() {
                 Some(todo) => {
-                    read_todo_into(row, todo).map_err(self.err("listing todos"))?;
+                    read_todo_located(row, todo).map_err(self.err("listing todos"))?;
                     todo
                 }
                 None => current.insert(todo_from_row(row).map_err(self.err("listing todos"))?),
@@ -810,7 +1521,7 @@ impl StoreTx for SqliteTx<'_> {
         let path = self.path;
         self.conn
             .execute_batch("COMMIT")
-            .map_err(|e| map_err(path, "committing", e))?;
+            .map_err(|e| map_err_errno(path, "committing", e, system_errno(self.conn)))?;
         self.finished = true;
         if self.writable && WAL_FRAMES.take() > WAL_CHECKPOINT_FRAMES {
             // The commit is already durable; a failed checkpoint only means the next writer
@@ -1135,56 +1846,6 @@ impl StoreTx for SqliteTx<'_> {
             .conn
             .prepare_cached(&format!(
                 "SELECT {EVIDENCE_COLUMNS} FROM evidence WHERE goal_id = ?1 ORDER BY id DESC LIMIT ?2"
-    // `phases` and `data` are decoded leniently: a row whose JSON cannot be read back (invalid
-    // UTF-8, nesting beyond serde_json's reader limit, a damaged page) is returned with
-    // `data_error` set instead of failing the whole query, so recovery, `turn list` and every
-    // other agent's turn keep working while the driver settles that one row.
-    let lenient = |idx: usize| -> rusqlite::Result<(String, Option<String>)> {
-        match row.get_ref(idx)? {
-            ValueRef::Text(bytes) => match std::str::from_utf8(bytes) {
-                Ok(t) => Ok((t.to_string(), None)),
-                Err(e) => Ok((
-                    String::from_utf8_lossy(bytes).into_owned(),
-                    Some(format!("not UTF-8: {e}")),
-                )),
-            },
-            other => Ok((
-                String::new(),
-                Some(format!("stored as {:?}, not text", other.data_type())),
-            )),
-        }
-    };
-    let (phases_text, phases_err) = lenient(5)?;
-    let (data_text, data_err) = lenient(6)?;
-    let phases = match phases_err.map_or_else(
-        || serde_json::from_str::<Vec<String>>(&phases_text).map_err(|e| e.to_string()),
-        Err,
-    ) {
-        Ok(p) => Ok(p),
-        Err(e) => Err(format!("phases: {e}")),
-    };
-    let data = match data_err.map_or_else(
-        || serde_json::from_str::<serde_json::Value>(&data_text).map_err(|e| e.to_string()),
-        Err,
-    ) {
-        Ok(d) => Ok(d),
-        Err(e) => Err(format!("data: {e}")),
-    };
-    let (phases, data, data_error) = match (phases, data) {
-        (Ok(p), Ok(d)) => (p, d, None),
-        (p, d) => {
-            let why: Vec<String> = [p.as_ref().err(), d.as_ref().err()]
-                .into_iter()
-                .flatten()
-                .cloned()
-                .collect();
-            (
-                p.unwrap_or_default(),
-                serde_json::Value::String(data_text),
-                Some(why.join("; ")),
-            )
-        }
-    };
             ))
             .map_err(self.err("reading evidence"))?;
         stmt.query_map(params![goal_id, limit as i64], evidence_from_row)
@@ -1195,7 +1856,6 @@ impl StoreTx for SqliteTx<'_> {
     fn insert_run(&self, run: &Run) -> Result<()> {
         self.ensure_writable()?;
         self.conn
-        data_error,
             .prepare_cached(&format!(
                 "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
             ))
@@ -1425,13 +2085,15 @@ impl StoreTx for SqliteTx<'_> {
             )
             .map_err(self.err("reading the operation log"))?;
         stmt.query_map(params![goal_id, limit as i64], |r| {
-            Ok(OpRecord {
-                id: r.get(0)?,
-                goal_id: r.get(1)?,
-                actor: r.get(2)?,
-                kind: r.get(3)?,
-                detail: json_col(r, 4)?,
-                created_at: r.get(5)?,
+            locate(r, "ops", &[0], || {
+                Ok(OpRecord {
+                    id: r.get(0)?,
+                    goal_id: r.get(1)?,
+                    actor: r.get(2)?,
+                    kind: r.get(3)?,
+                    detail: json_col(r, 4)?,
+                    created_at: r.get(5)?,
+                })
             })
         })
         .and_then(|rows| rows.collect())
