@@ -66,10 +66,16 @@ pub(crate) fn read_input(ctx: &Context, path: &std::path::Path) -> Result<String
 
 /// Prints captured plugin log lines to stderr, inert (capture strips escape sequences, but not
 /// bidi controls or invisible characters).
+/// Written, not `eprintln!`ed: a stderr that fails (a full disk, a reader gone) loses the logs
+/// instead of panicking the command (exit 101) after its work is done.
 pub(crate) fn print_logs(logs: &[LogLine]) {
+    use std::io::Write;
+
     use crate::inert::line;
+    let mut err = std::io::stderr().lock();
     for l in logs {
-        eprintln!(
+        let _ = writeln!(
+            err,
             "[{} {}] {}",
             line(&l.plugin),
             line(&l.stream),

@@ -160,10 +160,10 @@ pub fn run(ctx: &Context, _args: DoctorArgs) -> Result<Output> {
         .filter(|c| !c.1)
         .map(|c| format!("{}: {}", c.0, c.2))
         .collect();
-    if let Some((check, err)) = io {
-        if checks.iter().all(|c| c.1 || c.0 == check) {
-            return Err(err);
-        }
+    if let Some((check, err)) = io
+        && checks.iter().all(|c| c.1 || c.0 == check)
+    {
+        return Err(err);
     }
     if let Some(path) = first_bad {
         return Err(LoopxError::Corrupt {
