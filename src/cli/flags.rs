@@ -141,9 +141,12 @@ pub fn capability(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
-/// The message for a flag whose value a parser above refused: `--flag <reason>`, without the value
-/// clap would quote (it can be 300 digits, or control characters). `None` for every other error,
-/// which clap renders itself.
+/// Longest value quoted whole in a refusal; longer values are cut to this many characters.
+const QUOTED_CHARS: usize = 32;
+
+/// The message for a flag whose value a parser above refused: `--flag '<value>' <reason>`, the
+/// value cut to [`QUOTED_CHARS`] characters (a 300-digit number is described, not repeated; the
+/// caller makes the whole message inert). `None` for every other error, which clap renders.
 pub fn render_value_error(e: &clap::Error) -> Option<String> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     if e.kind() != ErrorKind::ValueValidation {
@@ -154,7 +157,22 @@ pub fn render_value_error(e: &clap::Error) -> Option<String> {
         Some(ContextValue::String(arg)) => arg.split_whitespace().next().unwrap_or("").to_string(),
         _ => return None,
     };
-    Some(format!("error: {flag} {reason}\n"))
+    let value = match e.get(ContextKind::InvalidValue) {
+        Some(ContextValue::String(v)) => quoted(v),
+        _ => String::new(),
+    };
+    Some(format!("error: {flag}{value} {reason}\n"))
+}
+
+/// ` '<value>'`, or its first [`QUOTED_CHARS`] characters and its length when longer.
+fn quoted(v: &str) -> String {
+    let n = v.chars().count();
+    if n <= QUOTED_CHARS {
+        format!(" '{v}'")
+    } else {
+        let head: String = v.chars().take(QUOTED_CHARS).collect();
+        format!(" '{head}…' ({n} characters)")
+    }
 }
 
 #[cfg(test)]
@@ -274,5 +292,13 @@ mod tests {
         assert!(capability("no-slash").is_err());
         assert!(capability("issue-fix/issue-fix").is_ok());
         assert!(capability("builtin:default").is_ok());
+    }
+
+    #[test]
+    fn long_values_are_cut_when_quoted() {
+        assert_eq!(quoted("0"), " '0'");
+        let huge = "9".repeat(300);
+        let q = quoted(&huge);
+        assert!(q.len() < 60 && q.contains("(300 characters)"), "{q}");
     }
 }
