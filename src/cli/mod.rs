@@ -281,7 +281,6 @@ pub fn exec_wasm_host(_ctx: &Context, _command: Command) -> Result<Output> {
 /// binary's `main`, exits with at once (the store is left for the exit to release:
 /// [`Context::release_at_exit`]).
 pub fn main(wasm: WasmDispatch) -> i32 {
-    open_standard_descriptors();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
@@ -341,39 +340,6 @@ pub fn main(wasm: WasmDispatch) -> i32 {
     };
     ctx.release_at_exit();
     code
-}
-
-/// Makes sure descriptors 0, 1 and 2 are open, on `/dev/null` when the caller closed them
-/// (`loopx status >&-`). Otherwise the first file the command opens (a projection's temp file,
-/// the directory it syncs) would take the closed number, and what the command prints would go
-/// into that file, or fail with an error no one can see. One `poll` of the three descriptors
-/// tells which are closed (`POLLNVAL`) without waiting: a single system call per process.
-fn open_standard_descriptors() {
-    let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
-        fd,
-        events: 0,
-        revents: 0,
-    });
-    // SAFETY: `fds` is a valid array of three `pollfd`s that `poll` may write `revents` into;
-    // a zero timeout never blocks.
-    let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-    if ready <= 0 {
-        return;
-    }
-    for pfd in fds {
-        if pfd.revents & libc::POLLNVAL != 0 {
-            // The lowest free descriptor is this one: the lower ones are open or were just
-            // filled, in order. Kept open for the life of the process.
-            if let Ok(null) = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open("/dev/null")
-            {
-                use std::os::fd::IntoRawFd;
-                let _ = null.into_raw_fd();
-            }
-        }
-    }
 }
 
 /// Writes a command's output. A reader that went away (`loopx ... | head -1`) is not an error:
