@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use turn_support::{Project, alive, turn_run};
+use turn_support::{Project, turn_run};
 
 /// Host: logs "<agent> <todo>", works a little, completes its todo.
 const WORKER: &str = r#"cat >/dev/null
@@ -315,12 +315,8 @@ fn sigint_settles_the_turn_in_flight_and_stops() {
     assert_eq!(turns.len(), 1, "no new turn after the signal");
     assert_eq!(turns[0]["kind"], "host_failure");
     assert_eq!(turns[0]["status"], "failed");
-    let host_pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(!alive(host_pid), "host survived the interrupt");
+    let left = turn_support::wait_until_gone(p.path(), Duration::from_secs(2));
+    assert!(left.is_empty(), "the host survived the interrupt: {left:?}");
     assert_eq!(p.todo_status("t1"), "open", "lease released");
     assert!(
         p.json(&["turn", "recover"])["turns"]
@@ -402,13 +398,19 @@ fn overlapping_turns_of_one_agent_run_the_host_once_per_lease() {
             .collect();
         refused += codes.iter().filter(|c| **c == 4).count();
         let runs_of_todo = work_log(&p).iter().filter(|(_, t)| *t == todo).count();
-        assert_eq!(runs_of_todo, 1, "round {round}: the host ran {runs_of_todo} times");
+        assert_eq!(
+            runs_of_todo, 1,
+            "round {round}: the host ran {runs_of_todo} times"
+        );
         assert_eq!(p.evidence_count(&todo), 1, "round {round}");
         assert_eq!(p.todo_status(&todo), "completed", "round {round}");
         assert_eq!(p.spends().len(), round, "round {round}: one spend per turn");
     }
     // The hosts overlap by 0.4 s: most rounds race, and a race is refused with exit 4.
-    assert!(refused >= rounds / 2, "only {refused} of {rounds} rounds overlapped");
+    assert!(
+        refused >= rounds / 2,
+        "only {refused} of {rounds} rounds overlapped"
+    );
 }
 
 /// `--allowed-slots` holds with parallel loops of different agents, and `--per-agent-cap` with
@@ -433,7 +435,10 @@ fn quota_limits_hold_under_parallel_turns() {
         }
         let spent = p.spent_slots();
         let ran = work_log(&p).len();
-        assert!(spent <= 3, "round {round}: {spent} slots spent with 3 allowed");
+        assert!(
+            spent <= 3,
+            "round {round}: {spent} slots spent with 3 allowed"
+        );
         assert_eq!(ran as i64, spent, "round {round}: one host run per spend");
     }
     for round in 1..=3 {
@@ -471,7 +476,10 @@ fn quota_limits_hold_under_parallel_turns() {
             );
         }
         let spent = p.spent_slots();
-        assert!(spent <= 2, "round {round}: {spent} slots spent with a cap of 2");
+        assert!(
+            spent <= 2,
+            "round {round}: {spent} slots spent with a cap of 2"
+        );
         assert_eq!(work_log(&p).len() as i64, spent, "round {round}");
     }
 }

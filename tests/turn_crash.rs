@@ -272,7 +272,9 @@ fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
         "host.sh",
         "cat >/dev/null\necho $$ > host.pid\nsleep 60 &\necho $! > child.pid\nsleep 60\n",
     );
-    let mut child = p.spawn(&turn_run("a1", &[], &[&host]));
+    // Unisolated, a host's child outlives a SIGKILLed driver until recovery finds it; isolated,
+    // the PID namespace dies with the driver (next test).
+    let mut child = p.spawn(&turn_run("a1", &["--isolation", "off"], &[&host]));
     let pid_file = p.file("child.pid");
     let t0 = Instant::now();
     while !pid_file.exists() && t0.elapsed() < Duration::from_secs(10) {
@@ -312,4 +314,30 @@ fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
     assert!(killed.contains(&serde_json::json!(bg_pid)), "{killed:?}");
     assert_eq!(p.todo_status("t1"), "open");
     assert!(p.spends().is_empty());
+}
+
+/// Isolated, the host and everything it started die with a SIGKILLed driver (the PID
+/// namespace's init goes with the process the driver started), before any recovery.
+#[test]
+fn sigkill_of_loopx_kills_an_isolated_host_and_its_children_at_once() {
+    use std::time::{Duration, Instant};
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    let host = p.script(
+        "host.sh",
+        "cat >/dev/null\n(setsid sleep 60 &)\nsleep 60 &\ntouch started\nsleep 60\n",
+    );
+    let mut child = p.spawn(&turn_run("a1", &["--isolation", "required"], &[&host]));
+    let t0 = Instant::now();
+    while !p.file("started").exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        turn_support::processes_in(p.path()).len() >= 3,
+        "precondition: the host and its children run"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = turn_support::wait_until_gone(p.path(), Duration::from_secs(2));
+    assert!(left.is_empty(), "processes outlived the driver: {left:?}");
 }

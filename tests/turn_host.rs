@@ -6,7 +6,7 @@ mod turn_support;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use turn_support::{Project, alive, result_host, turn_run};
+use turn_support::{Project, result_host, turn_run};
 
 fn run_turn(p: &Project, host_body: &str, extra: &[&str]) -> Value {
     p.add_work("t1");
@@ -78,15 +78,10 @@ fn timeout_kills_the_whole_process_group_quickly() {
     assert_failed_cleanly(&p, &t, "host_failure");
     let j = p.journal(t["turn_key"].as_str().unwrap());
     assert_eq!(j["data"]["host"]["timed_out"], true);
-    let child: i32 = std::fs::read_to_string(p.file("child.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    let left = turn_support::wait_until_gone(p.path(), Duration::from_secs(2));
     assert!(
-        !alive(child),
-        "the host's background child {child} survived"
+        left.is_empty(),
+        "the host's background child survived: {left:?}"
     );
 }
 
@@ -202,13 +197,11 @@ fn a_child_that_outlives_the_host_is_killed_with_the_group() {
     );
     let t = run_turn(&p, &body, &[]);
     assert_eq!(t["kind"], "validated_progress");
-    let child: i32 = std::fs::read_to_string(p.file("child.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(!alive(child), "background child {child} outlived the host");
+    let left = turn_support::wait_until_gone(p.path(), Duration::from_secs(1));
+    assert!(
+        left.is_empty(),
+        "a background child outlived the host: {left:?}"
+    );
     std::thread::sleep(Duration::from_secs(3));
     assert!(
         !p.file("marker").exists(),
@@ -303,12 +296,8 @@ fn sigterm_to_loopx_terminates_the_host_and_settles_the_turn() {
             .unwrap()
             .contains("interrupted")
     );
-    let host_pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(!alive(host_pid));
+    let left = turn_support::wait_until_gone(p.path(), Duration::from_secs(2));
+    assert!(left.is_empty(), "the host survived SIGTERM: {left:?}");
     assert_eq!(p.todo_status("t1"), "open");
 }
 
@@ -393,4 +382,137 @@ fn turn_list_shows_the_newest_turns_first_and_filters_them() {
         all.extend_from_slice(&args);
         assert_eq!(p.run(&all).code, code, "{args:?}");
     }
+}
+
+/// Operator authority cannot be faked from inside a turn: whatever the host does to its
+/// environment (variables unset, blanked, forged, or a clean environment), operator commands
+/// are refused and `.loopx/` cannot be read or written, because the host runs in namespaces
+/// where `.loopx/` is covered and its `loopx` calls reach the driver only as the turn's agent.
+#[test]
+fn operator_commands_from_inside_a_host_are_refused_whatever_the_environment() {
+    let p = Project::with_goal_g();
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "t2",
+        "--kind",
+        "user_gate",
+        "--blocks-agent",
+        "other",
+        "--title",
+        "Approve",
+    ]);
+    p.ok(&[
+        "quota",
+        "spend-slot",
+        "--goal-id",
+        "g",
+        "--effect-id",
+        "op1",
+    ]);
+    p.ok(&["refresh-state", "--goal-id", "g"]);
+    let run_id = p.history()[0]["run_id"].as_str().unwrap().to_string();
+    let loopx = turn_support::cli_support::loopx_bin();
+    let body = format!(
+        r#"cat >/dev/null
+try() {{ label=$1; shift; "$@" >/dev/null 2>&1; echo "$label $?" >> authority.log; }}
+for variant in given unset blank forged clean; do
+  case $variant in
+    given)  run() {{ "$@"; }} ;;
+    unset)  run() {{ env -u LOOPX_AGENT_SOCKET -u LOOPX_TURN_KEY -u LOOPX_AGENT_ID -u LOOPX_CLAIM_KEY "$@"; }} ;;
+    blank)  run() {{ env LOOPX_AGENT_SOCKET= LOOPX_TURN_KEY= LOOPX_AGENT_ID= LOOPX_CLAIM_KEY= "$@"; }} ;;
+    forged) run() {{ env LOOPX_AGENT_SOCKET=/tmp/forged.sock LOOPX_TURN_KEY=forged LOOPX_AGENT_ID=operator "$@"; }} ;;
+    clean)  run() {{ env -i PATH=/usr/bin:/bin "$@" --root "$LOOPX_ROOT"; }} ;;
+  esac
+  try "$variant:gate" run {loopx} gate resolve --goal-id g --todo-id t2 --comment forged
+  try "$variant:quota-set" run {loopx} quota set --goal-id g --allowed-slots 99
+  try "$variant:void" run {loopx} quota void-slot --goal-id g --effect-id op1
+  try "$variant:reward" run {loopx} reward add --goal-id g --run-id {run_id} --score 1
+  try "$variant:close" run {loopx} goal close --goal-id g
+  try "$variant:init" run {loopx} init
+done
+try read:relative cat .loopx/loopx.db
+try read:absolute cat "$LOOPX_ROOT/.loopx/loopx.db"
+try read:proc-root cat "/proc/1/root$LOOPX_ROOT/.loopx/loopx.db"
+try write:create touch .loopx/planted
+try write:remove rm .loopx/loopx.db
+try write:umount umount -l .loopx
+try read:after-umount cat .loopx/loopx.db
+{}"#,
+        result_host("progress")
+    );
+    let t = run_turn(&p, &body, &["--isolation", "required"]);
+    assert_eq!(t["kind"], "validated_progress", "{t}");
+    assert_eq!(t["isolation"], "namespace", "{t}");
+    let log = std::fs::read_to_string(p.file("authority.log")).unwrap();
+    let attempts: Vec<(&str, &str)> = log.lines().map(|l| l.split_once(' ').unwrap()).collect();
+    assert_eq!(attempts.len(), 5 * 6 + 7, "{log}");
+    for (what, code) in &attempts {
+        assert_ne!(*code, "0", "{what} succeeded from inside the turn:\n{log}");
+    }
+    // Nothing an operator command would have changed did change.
+    assert_eq!(p.todo_status("t2"), "open", "the gate is still open");
+    let q = p.json(&["quota", "show", "--goal-id", "g"]);
+    assert!(q["quota"]["policy"]["allowed_slots"].is_null(), "{q}");
+    assert!(
+        q["recent_ledger"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["kind"] != "void"),
+        "{q}"
+    );
+    let goal = p.json(&["goal", "show", "--goal-id", "g"]);
+    assert_eq!(goal["goal"]["status"], "active", "{goal}");
+    let summary = p.json(&["summary_all", "--goal-id", "g"]);
+    assert!(!summary.to_string().contains("\"score\":1"), "{summary}");
+    assert!(p.state().join("loopx.db").exists());
+    assert!(!p.state().join("planted").exists());
+}
+
+/// Where the OS cannot isolate (here: user namespaces exhausted inside the test's own
+/// namespace), `--isolation required` refuses before anything is claimed, and `auto` runs the
+/// turn with `isolation: none` and a warning.
+#[test]
+fn a_machine_that_cannot_isolate_refuses_required_and_warns_on_auto() {
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    let host = p.script("host.sh", &result_host("progress"));
+    let no_namespaces = |isolation: &str| {
+        let script = format!(
+            "echo 0 > /proc/sys/user/max_user_namespaces && exec {} --format json turn run \
+             --goal-id g --agent-id a1 --isolation {isolation} -- {host}",
+            turn_support::cli_support::loopx_bin()
+        );
+        let out = std::process::Command::new("unshare")
+            .args(["--user", "--map-current-user", "sh", "-c", &script])
+            .current_dir(p.path())
+            .output()
+            .expect("unshare (util-linux) runs the test in a user namespace");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = no_namespaces("required");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--isolation required"), "{err}");
+    assert_eq!(p.todo_status("t1"), "open", "nothing was claimed");
+    assert!(p.hosts_log().is_empty(), "the host did not run");
+
+    let (code, out, err) = no_namespaces("auto");
+    assert_eq!(code, Some(0), "{err}");
+    let t: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(t["turn"]["isolation"], "none", "{t}");
+    assert_eq!(t["turn"]["kind"], "validated_progress");
+    assert!(
+        t["turn"]["warnings"]
+            .to_string()
+            .contains("isolation: none"),
+        "{t}"
+    );
 }

@@ -3,13 +3,14 @@
 //! Each command lives in its own file and does three things: turn flags into a kernel call, make
 //! the call, and describe the result as an [`output::Output`]. Policy never lives here.
 
+mod agent_channel;
 mod backup;
 mod capability;
 mod doctor;
 mod extension;
+mod flags;
 mod gate;
 mod goal;
-mod flags;
 mod history;
 mod init;
 mod loop_cmd;
@@ -35,6 +36,7 @@ use crate::error::{LoopxError, Result};
 use crate::kernel::claim::agent_actor;
 use crate::kernel::{Actor, DEFAULT_AGENT_ID, Kernel};
 use crate::paths::ProjectPaths;
+use crate::turn::channel::TurnIdentity;
 use output::{Format, Output};
 
 #[derive(Debug, Parser)]
@@ -125,6 +127,9 @@ pub struct Context {
     pub env_agent_id: Option<String>,
     /// `LOOPX_CLAIM_KEY`: the lease proof the turn driver hands its host.
     pub env_claim_key: Option<String>,
+    /// A request on a turn's agent channel: every command acts as this agent with this lease,
+    /// whatever its flags say.
+    turn: Option<TurnIdentity>,
     kernel: OnceCell<RefCell<Kernel>>,
 }
 
@@ -139,8 +144,22 @@ impl Context {
             turn_key: var("LOOPX_TURN_KEY"),
             env_agent_id: var("LOOPX_AGENT_ID"),
             env_claim_key: var("LOOPX_CLAIM_KEY"),
+            turn: None,
             kernel: OnceCell::new(),
         })
+    }
+
+    /// The context of one request on a turn's agent channel (served by the driver).
+    fn for_turn(paths: &ProjectPaths, identity: &TurnIdentity) -> Context {
+        Context {
+            root: Some(paths.project.clone()),
+            cwd: paths.project.clone(),
+            turn_key: Some(identity.turn_key.clone()),
+            env_agent_id: Some(identity.agent_id.clone()),
+            env_claim_key: Some(identity.claim_key.clone()),
+            turn: Some(identity.clone()),
+            kernel: OnceCell::new(),
+        }
     }
 
     pub fn paths(&self) -> Result<ProjectPaths> {
@@ -181,6 +200,9 @@ impl Context {
 
     /// The agent this process acts as for claims and decisions (flag, then env, then default).
     pub fn agent_id(&self, flag: Option<&str>) -> String {
+        if let Some(turn) = &self.turn {
+            return turn.agent_id.clone();
+        }
         flag.map(str::to_string)
             .or_else(|| self.env_agent_id.clone())
             .unwrap_or_else(|| DEFAULT_AGENT_ID.to_string())
@@ -194,6 +216,14 @@ impl Context {
         fence: Option<i64>,
         claim_key: Option<String>,
     ) -> Actor {
+        if let Some(turn) = &self.turn {
+            return agent_actor(
+                &turn.agent_id,
+                fence,
+                claim_key.or_else(|| Some(turn.claim_key.clone())),
+                Some(turn.turn_key.clone()),
+            );
+        }
         if agent_flag.is_none() && self.turn_key.is_none() && self.env_agent_id.is_none() {
             return Actor::Operator;
         }
@@ -249,8 +279,14 @@ fn dispatch(ctx: &Context, command: Command, wasm: WasmDispatch) -> Result<Outpu
 /// Runs a WebAssembly command in this process (the `loopx-wasm` binary).
 pub fn run_wasm_command(ctx: &Context, command: Command) -> Result<Output> {
     match command {
-        Command::Turn(Nested { command: cmd }) => turn::run(ctx, cmd),
-        Command::Loop(args) => loop_cmd::run(ctx, args),
+        Command::Turn(Nested { command: cmd }) => {
+            crate::turn::channel::install_handler(agent_channel::serve);
+            turn::run(ctx, cmd)
+        }
+        Command::Loop(args) => {
+            crate::turn::channel::install_handler(agent_channel::serve);
+            loop_cmd::run(ctx, args)
+        }
         Command::Extension(Nested { command: cmd }) => extension::run(ctx, cmd),
         Command::Capability(Nested { command: cmd }) => capability::run(ctx, cmd),
         Command::Provider(Nested { command: cmd }) => provider::run(ctx, cmd),
@@ -281,6 +317,9 @@ pub fn exec_wasm_host(_ctx: &Context, _command: Command) -> Result<Output> {
 /// binary's `main`, exits with at once (the store is left for the exit to release:
 /// [`Context::release_at_exit`]).
 pub fn main(wasm: WasmDispatch) -> i32 {
+    if let Some(code) = agent_channel::forward_if_inside_turn() {
+        return code;
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
@@ -356,13 +395,25 @@ fn write_stdout(text: &str) -> Result<()> {
 }
 
 fn report_error(err: &LoopxError, format: Format) {
+    let (stdout, stderr) = error_text(err, format);
+    if let Some(text) = stdout {
+        // Nothing more can be reported if stdout is gone too; stderr below still says it.
+        let _ = write_stdout(&text);
+    }
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(stderr.as_bytes());
+}
+
+/// How an error is reported: the JSON envelope for stdout (with `--format json`) and the line
+/// for stderr.
+fn error_text(err: &LoopxError, format: Format) -> (Option<String>, String) {
     let mut message = err.to_string();
     if let LoopxError::Internal { source, .. } = err {
         for cause in source.chain().skip(1) {
             message.push_str(&format!(": {cause}"));
         }
     }
-    if format == Format::Json {
+    let stdout = (format == Format::Json).then(|| {
         let value = serde_json::json!({
             "schema_version": output::CLI_SCHEMA,
             "ok": false,
@@ -370,11 +421,13 @@ fn report_error(err: &LoopxError, format: Format) {
         });
         let mut text = serde_json::to_string_pretty(&value).expect("error values serialize");
         text.push('\n');
-        // Nothing more can be reported if stdout is gone too; stderr below still says it.
-        let _ = write_stdout(&text);
-    }
+        text
+    });
     // Messages echo input (ids, paths, values) and carry guest error text: shown inert.
-    eprintln!("loopx: error: {}", crate::inert::text(&message));
+    (
+        stdout,
+        format!("loopx: error: {}\n", crate::inert::text(&message)),
+    )
 }
 
 /// Formats an optional value for text output.

@@ -13,6 +13,7 @@ use crate::turn::driver::{
     refresh_projection, run_turn,
 };
 use crate::turn::host::install_stop_handlers;
+use crate::turn::isolation::IsolationMode;
 
 /// Flags shared by `turn run` and `loop`.
 #[derive(Debug, Args)]
@@ -35,6 +36,11 @@ pub struct TurnArgs {
     /// Capability for the host's observations (default: the todo's, else builtin:default).
     #[arg(long, value_parser = super::flags::capability)]
     pub capability: Option<String>,
+    /// Keep the host and validator out of `.loopx/` with OS namespaces: `auto` (isolate where
+    /// the OS can, else warn and record `isolation: none`), `required` (refuse to start a turn
+    /// the OS cannot isolate) or `off`.
+    #[arg(long, default_value = "auto", value_parser = IsolationMode::parse)]
+    pub isolation: IsolationMode,
     /// The host argv (no shell), after `--`.
     #[arg(last = true, required = true, value_name = "HOST_ARGV")]
     pub host: Vec<String>,
@@ -59,6 +65,7 @@ impl TurnArgs {
         req.timeout_seconds = self.timeout_seconds;
         req.trust_host_completion = self.trust_host_completion;
         req.capability = self.capability.clone();
+        req.isolation = self.isolation;
         Ok(req)
     }
 }

@@ -84,7 +84,7 @@ impl Actor {
             } => Err(refused(format!(
                 "only an operator can {action}; this command runs as agent '{agent_id}'{}",
                 match turn_key {
-                    Some(k) => format!(" inside turn {k} (LOOPX_TURN_KEY is set)"),
+                    Some(k) => format!(" inside turn {k}"),
                     None => String::new(),
                 }
             ))),

@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::capability::{BUILTIN, builtin_proposals, capability_payload, wasm_proposals};
+use super::channel::{ChannelServer, SOCKET_ENV, TurnIdentity};
 use super::host::{ProcessOutcome, ProcessSpec, kill_turn_processes, run_process};
+use super::isolation::{self, Isolation, IsolationMode, Sandbox};
 use super::result::{
     HostResult, HostStatus, MAX_STDERR_TAIL, MAX_STDOUT, REQUEST_SCHEMA, parse_result,
     result_schema_hint,
@@ -73,6 +75,8 @@ pub struct TurnRequest {
     /// Names the turn: a settled key replays its stored result; an in-progress key is resumed;
     /// an unused key is used for the new turn.
     pub turn_key: Option<String>,
+    /// Whether the host and validator run in namespaces without `.loopx/`.
+    pub isolation: IsolationMode,
 }
 
 impl TurnRequest {
@@ -87,6 +91,7 @@ impl TurnRequest {
             trust_host_completion: false,
             capability: None,
             turn_key: None,
+            isolation: IsolationMode::Auto,
         }
     }
 }
@@ -170,6 +175,10 @@ pub struct JournalData {
     pub driver_pid: u32,
     pub started_at: i64,
     pub settled_at: Option<i64>,
+    /// How the host and validator run: in namespaces without `.loopx/`, or not isolated. A
+    /// validator that recovery runs later runs the same way (or not at all).
+    #[serde(default)]
+    pub isolation: Isolation,
 }
 
 /// How a `turn run` (or one recovered turn) ended.
@@ -206,6 +215,8 @@ pub struct TurnOutcome {
     /// The turn's delivery was proven: a validator ran and passed, or the todo's completion
     /// stands (validated or trusted with `--trust-host-completion`).
     pub validated: bool,
+    /// How the host ran: `namespace` (kept out of `.loopx/`) or `none`.
+    pub isolation: Isolation,
 }
 
 impl TurnOutcome {
@@ -234,6 +245,7 @@ impl TurnOutcome {
             warnings: Vec::new(),
             working_turn: d.working_turn.clone(),
             validated: false,
+            isolation: Isolation::None,
         }
     }
 
@@ -273,6 +285,7 @@ impl TurnOutcome {
                 .validation
                 .as_ref()
                 .is_some_and(|v| (v.ran && v.passed) || v.completion_validated),
+            isolation: data.isolation,
         }
     }
 
@@ -482,6 +495,13 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
         .turn_key
         .clone()
         .unwrap_or_else(|| format!("turn-{}", new_ulid()));
+    // `--isolation required` on a machine that cannot isolate is refused before anything is
+    // claimed; `auto` there runs unisolated and says so.
+    let (sandbox, isolation_warning) = isolation::resolve(req.isolation, &kernel.paths().state)?;
+    let isolation = match sandbox {
+        Some(_) => Isolation::Namespace,
+        None => Isolation::None,
+    };
     let Some(lock) = TurnLock::try_acquire(kernel, &turn_key)? else {
         return Err(conflict(format!(
             "turn '{turn_key}' is locked by another process"
@@ -621,6 +641,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
             driver_pid: std::process::id(),
             started_at: started_ms,
             settled_at: None,
+            isolation,
         };
         let mut data = data;
         data.timings_us.insert(
@@ -637,6 +658,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
             data: serde_json::to_value(&data).expect("journal data serializes"),
             created_at: now,
             updated_at: now,
+            data_error: None,
         };
         tx.upsert_turn(&rec)?;
         Ok(Ok((rec, data)))
@@ -658,7 +680,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
     let mut o = TurnOutcome::from_journal(&rec, &data);
     o.recovered_turns = recovered_turns;
     o.warnings = warnings;
-            data_error: None,
+    o.warnings.extend(isolation_warning);
     o.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(o)
 }
@@ -715,6 +737,14 @@ fn recover_one(kernel: &mut Kernel, turn_key: &str) -> Result<Option<TurnOutcome
         return Ok(None);
     };
     let mut rec = inspect(kernel, turn_key)?;
+    // A row that cannot be read back is settled as failed rather than blocking recovery.
+    if rec.status == JournalStatus::InProgress.as_str()
+        && let Some(why) = super::journal_repair::undecodable_reason(&rec)
+    {
+        let o = super::journal_repair::settle_undecodable(kernel, &rec, &why);
+        lock.finish();
+        return o.map(Some);
+    }
     let mut data = journal_data(&rec)?;
     if rec.status == JournalStatus::InProgress.as_str() {
         data.recovered = true;
@@ -737,14 +767,6 @@ fn recover_one(kernel: &mut Kernel, turn_key: &str) -> Result<Option<TurnOutcome
 
 /// The phase to run next, from the journal alone.
 fn next_phase(rec: &TurnRecord, data: &JournalData) -> Phase {
-    // A row that cannot be read back is settled as failed rather than blocking recovery.
-    if rec.status == JournalStatus::InProgress.as_str()
-        && let Some(why) = super::journal_repair::undecodable_reason(&rec)
-    {
-        let o = super::journal_repair::settle_undecodable(kernel, &rec, &why);
-        lock.finish();
-        return o.map(Some);
-    }
     let failed = data.kind.is_some_and(TurnResultKind::is_failure);
     match rec.phases.last().and_then(|p| Phase::parse(p).ok()) {
         None => Phase::HostExecute,
@@ -812,6 +834,65 @@ fn fail(data: &mut JournalData, kind: TurnResultKind, phase: Phase, why: String)
     data.kind = Some(kind);
     data.failed_phase = Some(phase);
     data.failure = Some(why);
+}
+
+/// What a host or validator process runs with: its sandbox and the agent channel through which
+/// its `loopx` calls reach this driver. Dropping it closes the channel.
+struct AgentSide {
+    sandbox: Option<Sandbox>,
+    channel: Option<ChannelServer>,
+    warning: Option<String>,
+}
+
+impl AgentSide {
+    /// `Err` when the turn started isolated and this process cannot isolate: the process is
+    /// then not run at all rather than run with access to `.loopx/`.
+    fn prepare(
+        kernel: &Kernel,
+        rec: &TurnRecord,
+        data: &JournalData,
+    ) -> std::result::Result<AgentSide, String> {
+        let sandbox = match data.isolation {
+            Isolation::None => None,
+            Isolation::Namespace => {
+                isolation::resolve(IsolationMode::Required, &kernel.paths().state)
+                    .map_err(|e| e.to_string())?
+                    .0
+            }
+        };
+        let identity = TurnIdentity {
+            goal_id: rec.goal_id.clone(),
+            agent_id: rec.agent_id.clone(),
+            turn_key: rec.turn_key.clone(),
+            claim_key: data.claim.claim_key.clone(),
+            fence: data.claim.fence,
+        };
+        let (channel, warning) = match ChannelServer::start(kernel.paths(), identity) {
+            Ok(channel) => (channel, None),
+            Err(e) => (
+                None,
+                Some(format!(
+                    "the agent channel could not be started ({e}): the host's loopx calls fail"
+                )),
+            ),
+        };
+        Ok(AgentSide {
+            sandbox,
+            channel,
+            warning,
+        })
+    }
+
+    fn env(&self, rec: &TurnRecord, data: &JournalData) -> Vec<(String, String)> {
+        let mut env = host_env(rec, data);
+        if let Some(channel) = &self.channel {
+            env.push((
+                SOCKET_ENV.to_string(),
+                channel.socket().to_string_lossy().into_owned(),
+            ));
+        }
+        env
+    }
 }
 
 fn host_env(rec: &TurnRecord, data: &JournalData) -> Vec<(String, String)> {
@@ -915,16 +996,26 @@ fn advance(
                 closeout(kernel, rec, data, started, &mut warnings)?;
             }
             Phase::HostExecute => {
-                let spec = ProcessSpec {
-                    argv: &data.host_argv,
-                    cwd: std::path::Path::new(&data.cwd),
-                    env: host_env(rec, data),
-                    stdin: serde_json::to_vec(&data.request).expect("request serializes"),
-                    timeout: Duration::from_millis(data.timeout_ms),
-                    stdout_cap: MAX_STDOUT,
-                    stderr_cap: MAX_STDERR_TAIL,
+                let outcome = match AgentSide::prepare(kernel, rec, data) {
+                    Ok(side) => {
+                        warnings.extend(side.warning.clone());
+                        let spec = ProcessSpec {
+                            argv: &data.host_argv,
+                            cwd: std::path::Path::new(&data.cwd),
+                            env: side.env(rec, data),
+                            stdin: serde_json::to_vec(&data.request).expect("request serializes"),
+                            timeout: Duration::from_millis(data.timeout_ms),
+                            stdout_cap: MAX_STDOUT,
+                            stderr_cap: MAX_STDERR_TAIL,
+                            sandbox: side.sandbox.as_ref(),
+                        };
+                        run_process(&spec)
+                    }
+                    Err(why) => ProcessOutcome {
+                        spawn_error: Some(why),
+                        ..ProcessOutcome::default()
+                    },
                 };
-                let outcome = run_process(&spec);
                 commit_phase(kernel, rec, data, Phase::HostExecute, started, |_, d, _| {
                     d.host = Some(outcome);
                     Ok(())
@@ -958,7 +1049,7 @@ fn advance(
                 })?;
             }
             Phase::Validation => {
-                let record = validate(rec, data);
+                let record = validate(kernel, rec, data);
                 commit_phase(kernel, rec, data, Phase::Validation, started, |_, d, _| {
                     if !record.passed {
                         fail(
@@ -1017,7 +1108,7 @@ fn advance(
 }
 
 /// The validation verdict (runs the validator for `progress`/`completed` claims).
-fn validate(rec: &TurnRecord, data: &JournalData) -> ValidationRecord {
+fn validate(kernel: &Kernel, rec: &TurnRecord, data: &JournalData) -> ValidationRecord {
     let result = data
         .result
         .as_ref()
@@ -1056,16 +1147,22 @@ fn validate(rec: &TurnRecord, data: &JournalData) -> ValidationRecord {
             validator: None,
         };
     };
-    let spec = ProcessSpec {
-        argv,
-        cwd: std::path::Path::new(&data.cwd),
-        env: host_env(rec, data),
-        stdin: serde_json::to_vec(result).expect("result serializes"),
-        timeout: Duration::from_millis(data.timeout_ms),
-        stdout_cap: 4096,
-        stderr_cap: MAX_STDERR_TAIL,
+    let outcome = match AgentSide::prepare(kernel, rec, data) {
+        Ok(side) => run_process(&ProcessSpec {
+            argv,
+            cwd: std::path::Path::new(&data.cwd),
+            env: side.env(rec, data),
+            stdin: serde_json::to_vec(result).expect("result serializes"),
+            timeout: Duration::from_millis(data.timeout_ms),
+            stdout_cap: 4096,
+            stderr_cap: MAX_STDERR_TAIL,
+            sandbox: side.sandbox.as_ref(),
+        }),
+        Err(why) => ProcessOutcome {
+            spawn_error: Some(why),
+            ..ProcessOutcome::default()
+        },
     };
-    let outcome = run_process(&spec);
     let passed = outcome.exited_ok();
     ValidationRecord {
         ran: true,

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::isolation::Sandbox;
+
 /// Set by the SIGINT/SIGTERM handler (see [`install_stop_handlers`]).
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -60,6 +62,8 @@ pub struct ProcessSpec<'a> {
     pub timeout: Duration,
     pub stdout_cap: usize,
     pub stderr_cap: usize,
+    /// Run inside this sandbox (user, mount and PID namespaces without `.loopx/`).
+    pub sandbox: Option<&'a Sandbox>,
 }
 
 /// What happened, as journaled in the `host_execute` phase.
@@ -248,6 +252,7 @@ pub fn run_process(spec: &ProcessSpec) -> ProcessOutcome {
     }
     // SAFETY: getpid is async-signal-safe; called before fork.
     let parent = unsafe { libc::getpid() };
+    let sandbox = spec.sandbox.cloned();
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -270,6 +275,9 @@ pub fn run_process(spec: &ProcessSpec) -> ProcessOutcome {
                 if libc::getppid() != parent {
                     libc::_exit(137);
                 }
+            }
+            if let Some(sandbox) = &sandbox {
+                sandbox.enter()?;
             }
             Ok(())
         });

@@ -155,3 +155,39 @@ pub fn alive(pid: i32) -> bool {
         Err(_) => false,
     }
 }
+
+/// Live processes (zombies excluded) whose working directory is `dir`: what a host left running,
+/// found from outside whatever PID namespace it ran in (a host's own `$$` is its pid inside).
+pub fn processes_in(dir: &std::path::Path) -> Vec<i32> {
+    let want = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let me = std::process::id() as i32;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid != me
+            && std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd == want)
+            && alive(pid)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Waits up to `limit` for [`processes_in`] to find nothing; returns what is still there.
+pub fn wait_until_gone(dir: &std::path::Path, limit: std::time::Duration) -> Vec<i32> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let left = processes_in(dir);
+        if left.is_empty() || t0.elapsed() > limit {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
