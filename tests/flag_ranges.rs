@@ -192,7 +192,7 @@ fn every_numeric_flag_refuses_values_outside_its_range() {
             args.push(bad);
             args.extend_from_slice(row.after);
             let r = p.run(&args);
-            let what = format!("{}", args.join(" "));
+            let what = args.join(" ");
             assert_eq!(r.code, 2, "{what}: {r:?}");
             assert!(r.stderr.contains(row.flag), "{what}: {}", r.stderr);
             assert!(r.stderr.contains(row.range), "{what}: {}", r.stderr);
