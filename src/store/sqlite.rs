@@ -219,6 +219,14 @@ pub fn damage_marker(db: &Path) -> PathBuf {
 /// command still fails with exit 5; only the later writes lose the early refusal (and SQLite
 /// then reports the damage again on the pages they touch).
 pub fn mark_damaged(db: &Path, detail: &str) {
+    // Only a project's own database (`.loopx/loopx.db`): a damaged file met elsewhere, such as a
+    // backup being written, must not leave a marker in a directory that is not a project.
+    let is_project_db = db.file_name() == Some(std::ffi::OsStr::new(crate::paths::DB_FILE))
+        && db.parent().and_then(Path::file_name)
+            == Some(std::ffi::OsStr::new(crate::paths::STATE_DIR));
+    if !is_project_db {
+        return;
+    }
     let marker = damage_marker(db);
     if marker.exists() {
         return;
@@ -413,9 +421,8 @@ impl SqliteStore {
         ));
         let _ = std::fs::remove_file(&tmp);
         let result = self.backup_into(&tmp).and_then(|pages| {
-            // `hard_link` fails when `dest` exists: the refusal to overwrite holds even against
-            // a file created after the caller looked.
-            std::fs::hard_link(&tmp, dest).map_err(|e| {
+            // Never over an existing file, even one created after the caller looked.
+            link_no_replace(&tmp, dest).map_err(|e| {
                 if e.kind() == std::io::ErrorKind::AlreadyExists {
                     crate::error::conflict(format!(
                         "{} already exists; a backup never replaces a file: choose a new path",
@@ -932,6 +939,47 @@ pub(crate) fn sync_directory(dir: &Path) -> Result<()> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| LoopxError::internal(format!("syncing directory {}", dir.display()), e))
+}
+
+/// Gives the finished file `tmp` the name `dest`, failing with `AlreadyExists` if `dest` exists.
+/// A hard link refuses an existing name atomically; filesystems without hard links (FAT on a USB
+/// drive, some network mounts) get `renameat2(RENAME_NOREPLACE)`, which refuses it atomically too.
+/// Only where neither exists is the name checked and then taken, with a window between the two.
+fn link_no_replace(tmp: &Path, dest: &Path) -> std::io::Result<()> {
+    let linked = std::fs::hard_link(tmp, dest);
+    match &linked {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return linked,
+        Err(_) => {}
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let from = std::ffi::CString::new(tmp.as_os_str().as_bytes())?;
+        let to = std::ffi::CString::new(dest.as_os_str().as_bytes())?;
+        // SAFETY: both paths are NUL-terminated strings that outlive the call; `AT_FDCWD`
+        // resolves relative paths as `rename` would.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINVAL) {
+            return Err(err);
+        }
+    }
+    if dest.symlink_metadata().is_ok() {
+        return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
+    }
+    std::fs::rename(tmp, dest)
 }
 
 /// `path` as the path part of a SQLite `file:` URI (`%`, `?` and `#` escaped).
