@@ -41,6 +41,23 @@ fn assert_refused_install(
     err
 }
 
+/// [`assert_refused_install`] for a refusal the import audit makes: it must cost no compile.
+fn assert_refused_before_compile(
+    p: &mut Project,
+    dir: &std::path::Path,
+    grants: &[&str],
+    needles: &[&str],
+) -> loopx::LoopxError {
+    let compiles = p.host.cache().compiles();
+    let err = assert_refused_install(p, dir, grants, needles);
+    assert_eq!(
+        p.host.cache().compiles(),
+        compiles,
+        "the import audit ran after a compile: {err}"
+    );
+    err
+}
+
 /// The `.cwasm` files in the project's component cache.
 fn artifacts(p: &Project) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(p.paths().component_cache_dir())
@@ -107,7 +124,8 @@ fn provider_importing_sockets_fails_to_install() {
         "",
         "",
     );
-    let err = assert_refused_install(&mut p, &dir, &[], &["net/n", "wasi:sockets", "not granted"]);
+    let err =
+        assert_refused_before_compile(&mut p, &dir, &[], &["net/n", "wasi:sockets", "not granted"]);
     assert_eq!(err.exit_code(), 1);
 }
 
@@ -124,7 +142,7 @@ fn provider_using_the_filesystem_without_a_grant_fails_to_install() {
         "",
         "",
     );
-    assert_refused_install(
+    assert_refused_before_compile(
         &mut p,
         &dir,
         &[],
@@ -145,7 +163,7 @@ fn capability_importing_the_filesystem_fails_to_install() {
         "",
         "",
     );
-    assert_refused_install(
+    assert_refused_before_compile(
         &mut p,
         &dir,
         &[],
@@ -170,7 +188,7 @@ fn provider_component_declared_as_capability_fails_to_install() {
         "",
         "",
     );
-    assert_refused_install(&mut p, &dir, &[], &["wrong/c", "not granted"]);
+    assert_refused_before_compile(&mut p, &dir, &[], &["wrong/c", "not granted"]);
 }
 
 #[test]

@@ -17,6 +17,8 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -32,6 +34,9 @@ pub use super::artifacts::sha256_hex;
 pub struct ComponentCache {
     dir: PathBuf,
     engine_key: String,
+    /// Compiles this cache (and its clones) ran: how `extension install`'s tests prove that a
+    /// refused component cost no compile.
+    compiles: Arc<AtomicU64>,
 }
 
 /// An artifact this process just compiled from verified component bytes.
@@ -49,6 +54,7 @@ impl ComponentCache {
         ComponentCache {
             dir: dir.into(),
             engine_key: compatibility_key(engine),
+            compiles: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -59,6 +65,11 @@ impl ComponentCache {
     /// The engine fingerprint artifacts of this cache are compiled for (recorded with each digest).
     pub fn engine_key(&self) -> &str {
         &self.engine_key
+    }
+
+    /// How many components this cache has compiled.
+    pub fn compiles(&self) -> u64 {
+        self.compiles.load(Ordering::Relaxed)
     }
 
     /// Path of the artifact for a component with this wasm digest.
@@ -79,6 +90,7 @@ impl ComponentCache {
         wasm: &[u8],
         wasm_sha256: &str,
     ) -> PluginResult<Compiled> {
+        self.compiles.fetch_add(1, Ordering::Relaxed);
         let bytes = engine
             .precompile_component(wasm)
             .map_err(|e| PluginError::Load {

@@ -24,6 +24,7 @@ use crate::paths::ProjectPaths;
 use crate::store::ArtifactRecord;
 
 use super::artifacts::read_artifact;
+use super::audit::audit_wasm_imports;
 use super::cache::{ComponentCache, sha256_hex};
 use super::engine::engine;
 use super::error::{PluginError, PluginResult};
@@ -225,6 +226,8 @@ impl PluginHost {
             } else {
                 Vec::new()
             };
+            // The import audit first, on the bytes: a refused component costs no compile.
+            audit_wasm_imports(&wasm, &label, p.kind, &comp_grants)?;
             let started = std::time::Instant::now();
             let (component, artifact_sha256, compiled) =
                 match self.recorded_artifact(kernel, &label, &sha)? {
