@@ -253,3 +253,95 @@ fn issue_fix_with_a_green_suite_proposes_no_change() {
     assert_eq!(out.proposals[0].kind(), "no_change");
     assert!(p.kernel.todos("g1").unwrap().is_empty());
 }
+
+/// Invokes the hostile capability as agent `me` and returns how many proposals were accepted.
+fn accepted(p: &mut Project, payload: &str) -> usize {
+    let out = invoke_capability(
+        &mut p.kernel,
+        &p.host,
+        "hostile/cap",
+        "g1",
+        Some("me"),
+        payload.into(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(out.admission.refused, 0, "{:?}", out.admission.verdicts);
+    out.admission.accepted
+}
+
+#[test]
+fn a_capability_cannot_open_a_gate_that_blocks_other_agents() {
+    let mut p = with_hostile();
+    expect_refused(&mut p, "gate", "blocks every agent");
+    expect_refused(
+        &mut p,
+        "gate someone-else",
+        "only for the agent it acts for",
+    );
+    // What it may do: stop the agent it acts for, or ask the operator without blocking anyone.
+    assert_eq!(accepted(&mut p, "gate me\nuser-action"), 2);
+    let todos = p.kernel.todos("g1").unwrap();
+    assert!(
+        todos
+            .iter()
+            .all(|t| t.gate_scope != Some(GateScope::Global)),
+        "{todos:?}"
+    );
+}
+
+#[test]
+fn a_capability_cannot_attach_evidence_to_a_gate() {
+    let mut p = with_hostile();
+    let mut gate = NewTodo::task("approve the release");
+    gate.id = Some("gate1".into());
+    gate.kind = TodoKind::UserGate;
+    gate.gate_scope = Some(GateScope::Global);
+    p.kernel.add_todo(&Actor::Operator, "g1", gate).unwrap();
+    expect_refused(&mut p, "evidence gate1", "gate");
+    let (_, evidence) = p.kernel.todo("g1", "gate1").unwrap();
+    assert!(evidence.is_empty(), "{evidence:?}");
+}
+
+#[test]
+fn evidence_artifacts_are_relative_paths_inside_the_project_with_sha256_digests() {
+    let mut p = with_hostile();
+    todo(&mut p.kernel, "g1", "t1");
+    let long = "a".repeat(5000);
+    let huge_digest = "f".repeat(8000);
+    let upper = "A".repeat(64);
+    for payload in [
+        "evidence-artifact t1 /etc/passwd".to_string(),
+        "evidence-artifact t1 \\\\server\\share".to_string(),
+        "evidence-artifact t1 C:\\Windows".to_string(),
+        "evidence-artifact t1 ../outside.txt".to_string(),
+        "evidence-artifact t1 out/../../outside.txt".to_string(),
+        "evidence-artifact t1 \\0lead".to_string(),
+        "evidence-artifact t1 hidden\\e[2Jtext".to_string(),
+        "evidence-artifact t1 tab\\tname".to_string(),
+        "evidence-artifact t1 txt.\u{202E}exe.md".to_string(),
+        format!("evidence-artifact t1 {long}"),
+        "evidence-artifact t1 out/report.md abc".to_string(),
+        format!("evidence-artifact t1 out/report.md {huge_digest}"),
+        format!("evidence-artifact t1 out/report.md {upper}"),
+    ] {
+        expect_refused(&mut p, &payload, "artifact_");
+    }
+    let digest = "0123456789abcdef".repeat(4);
+    assert_eq!(
+        accepted(
+            &mut p,
+            &format!(
+                "evidence-artifact t1 out/report.md {digest}\nevidence-artifact t1 notes/a..b.md"
+            )
+        ),
+        2
+    );
+    let (_, evidence) = p.kernel.todo("g1", "t1").unwrap();
+    assert!(
+        evidence
+            .iter()
+            .any(|e| e.artifact_digest.as_deref() == Some(digest.as_str())),
+        "{evidence:?}"
+    );
+}

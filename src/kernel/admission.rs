@@ -60,14 +60,54 @@ pub fn check_proposal(t: &Transition) -> std::result::Result<(), Refusal> {
         }
     }
     if let Transition::AttachEvidence {
-        artifact_path: Some(p),
+        artifact_path,
+        artifact_digest,
         ..
     } = t
-        && (p.is_empty() || p.len() > MAX_ARTIFACT_PATH || p.contains('\0'))
     {
-        return Err(format!(
-            "artifact_path must be 1-{MAX_ARTIFACT_PATH} bytes without NUL"
-        ));
+        if let Some(p) = artifact_path {
+            check_artifact_path(p)?;
+        }
+        if let Some(d) = artifact_digest
+            && !(d.len() == 64 && d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        {
+            return Err(format!(
+                "artifact_digest must be a sha256: exactly 64 lowercase hex characters (got {} bytes)",
+                d.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An evidence artifact names a file of the project: a relative path (no leading `/` or `\`, no
+/// drive letter) with no `..` component, so it cannot point outside the project whoever resolves
+/// it, within [`MAX_ARTIFACT_PATH`] bytes, and free of control characters (NUL, C0, DEL, C1) and bidirectional overrides, which
+/// would hide what it names from the operator reading it. The reason never echoes the path: it may
+/// be exactly the hostile text it is refused for.
+fn check_artifact_path(p: &str) -> std::result::Result<(), Refusal> {
+    let bad = |why: &str| {
+        Err(format!(
+            "artifact_path {why}; it must be a relative path inside the project (1-{MAX_ARTIFACT_PATH} bytes, no '..', no control or bidirectional-override characters)"
+        ))
+    };
+    if p.is_empty() || p.len() > MAX_ARTIFACT_PATH {
+        return bad(&format!("is {} bytes", p.len()));
+    }
+    // Bidirectional overrides and isolates reorder what a terminal shows, like a control
+    // character hides it.
+    if p.chars()
+        .any(|c| c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'))
+    {
+        return bad("contains a control or bidirectional-override character");
+    }
+    let b = p.as_bytes();
+    if b[0] == b'/' || b[0] == b'\\' || (b.len() >= 2 && b[1] == b':' && b[0].is_ascii_alphabetic())
+    {
+        return bad("is absolute");
+    }
+    if p.split(['/', '\\']).any(|c| c == "..") {
+        return bad("leaves the project through '..'");
     }
     Ok(())
 }
@@ -107,7 +147,7 @@ fn apply(
      -> Result<std::result::Result<(), Refusal>> {
         if todo.role == Role::User {
             return Ok(Err(format!(
-                "todo '{}' is a {}; a capability can never {what} a gate (only an operator resolves gates)",
+                "todo '{}' is a {}; a capability can never {what} a gate or user action (only an operator acts on them)",
                 todo.id, todo.kind
             )));
         }
@@ -164,8 +204,10 @@ fn apply(
                 Ok(t) => t,
                 Err(r) => return Ok(Err(r)),
             };
-            if let Err(e) = authorize_write(&todo, actor) {
-                return Ok(Err(refusal(e)?));
+            // Evidence on a gate is what the operator reads before resolving it; a capability
+            // writing there would be arguing the operator's decision for them.
+            if let Err(r) = touch(&todo, "attach evidence to")? {
+                return Ok(Err(r));
             }
             let artifact = artifact_path.clone().map(|p| (p, artifact_digest.clone()));
             match add_evidence(tx, &todo, actor, text, artifact, None, now) {
@@ -225,14 +267,31 @@ fn apply(
             blocking,
             blocks_agent,
         } => {
+            // A capability may stop only the agent it acts for: a global gate (or one blocking
+            // another agent) would halt work the capability has no part in until an operator
+            // answers. Operators open such gates themselves (`todo add --kind user_gate`).
             let (kind, scope) = match (blocking, blocks_agent) {
-                (true, Some(a)) => (
+                (true, Some(a)) if source.agent_id.as_deref() == Some(a.as_str()) => (
                     TodoKind::UserGate,
                     Some(GateScope::BlocksAgent {
                         agent_id: a.clone(),
                     }),
                 ),
-                (true, None) => (TodoKind::UserGate, Some(GateScope::Global)),
+                (true, Some(_)) => {
+                    return Ok(Err(format!(
+                        "a capability may open a blocking gate only for the agent it acts for ({}); only an operator opens gates that block other agents",
+                        source
+                            .agent_id
+                            .as_deref()
+                            .unwrap_or("none: invoked without --agent-id")
+                    )));
+                }
+                (true, None) => {
+                    return Ok(Err(
+                        "a capability may not open a gate that blocks every agent; set blocks_agent to the agent it acts for, or open a non-blocking user action (only an operator opens global gates)"
+                            .to_string(),
+                    ));
+                }
                 (false, _) => (TodoKind::UserAction, None),
             };
             let new = NewTodo {
@@ -364,5 +423,59 @@ impl Kernel {
         })?;
         self.write_run_report(&run)?;
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evidence(path: Option<&str>, digest: Option<&str>) -> Transition {
+        Transition::AttachEvidence {
+            todo_id: "t1".into(),
+            text: "x".into(),
+            artifact_path: path.map(str::to_string),
+            artifact_digest: digest.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn artifact_paths_and_digests() {
+        let sha = "0123456789abcdef".repeat(4);
+        for ok in ["out/report.md", "a..b/c", "./x", "notes/é.md"] {
+            assert!(
+                check_proposal(&evidence(Some(ok), Some(&sha))).is_ok(),
+                "{ok}"
+            );
+        }
+        let long = "a".repeat(MAX_ARTIFACT_PATH + 1);
+        for bad in [
+            "",
+            "/etc/passwd",
+            "\\\\server\\share",
+            "C:\\x",
+            "..",
+            "a/../../b",
+            "a\\..\\b",
+            "\0x",
+            "a\x1b[2Jb",
+            "a\u{9b}b",
+            "a\u{202e}b",
+            long.as_str(),
+        ] {
+            let why = check_proposal(&evidence(Some(bad), None)).unwrap_err();
+            assert!(why.starts_with("artifact_path"), "{bad:?}: {why}");
+            assert!(!why.contains('\0') && !why.contains('\x1b'), "{why}");
+        }
+        for bad in [
+            "",
+            "00",
+            &sha.to_uppercase(),
+            &format!("{sha}0"),
+            &sha.replace('0', "g"),
+        ] {
+            let why = check_proposal(&evidence(Some("a"), Some(bad))).unwrap_err();
+            assert!(why.starts_with("artifact_digest"), "{bad:?}: {why}");
+        }
     }
 }

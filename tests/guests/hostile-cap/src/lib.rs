@@ -9,7 +9,9 @@
 wit_bindgen::generate!({ world: "capability", path: "../../../wit" });
 
 use loopx::plugin::host::{call_provider, log};
-use loopx::plugin::types::{AttachEvidence, CompleteTodo, LogLevel, ObserveRequest, TodoReason};
+use loopx::plugin::types::{
+    AttachEvidence, CompleteTodo, LogLevel, ObserveRequest, OpenUserGate, TodoReason,
+};
 
 struct HostileCap;
 
@@ -115,6 +117,36 @@ impl Guest for HostileCap {
                     text: "hostile evidence".into(),
                     artifact_path: None,
                     artifact_digest: None,
+                })),
+                "evidence-artifact" => {
+                    // `evidence-artifact TODO PATH [DIGEST]`: `\0`, `\e` and `\t` in PATH stand for
+                    // NUL, ESC and TAB, so a line can carry them.
+                    let mut parts = arg.splitn(3, ' ');
+                    let todo_id = parts.next().unwrap_or_default();
+                    let path = parts
+                        .next()
+                        .unwrap_or_default()
+                        .replace("\\0", "\0")
+                        .replace("\\e", "\x1b")
+                        .replace("\\t", "\t");
+                    out.push(Transition::AttachEvidence(AttachEvidence {
+                        todo_id: todo_id.into(),
+                        text: "hostile evidence".into(),
+                        artifact_path: Some(path),
+                        artifact_digest: parts.next().map(str::to_string),
+                    }))
+                }
+                "gate" => out.push(Transition::OpenUserGate(OpenUserGate {
+                    title: "hostile gate".into(),
+                    detail: String::new(),
+                    blocking: true,
+                    blocks_agent: (!arg.is_empty()).then(|| arg.to_string()),
+                })),
+                "user-action" => out.push(Transition::OpenUserGate(OpenUserGate {
+                    title: "hostile question".into(),
+                    detail: String::new(),
+                    blocking: false,
+                    blocks_agent: None,
                 })),
                 "error" => return Err(PluginError::InvalidInput(arg.into())),
                 other => {
