@@ -22,9 +22,9 @@ result() { # status, summary, evidence
 case "$todo" in
     *-feasibility)
         sh run-tests.sh > /dev/null
-        { echo "# Feasibility"; echo; echo "Failing before any change:"; grep FAIL test-results.txt; echo;
+        { echo "# Feasibility"; echo; echo "Failing before any change:"; grep FAIL results/test-results.txt; echo;
           echo "Each test checks one function in lib/; all are unimplemented, none is flaky."; } > notes/feasibility.md
-        result completed "scoped $(grep -c FAIL test-results.txt) failing tests" "notes/feasibility.md lists the failing tests"
+        result completed "scoped $(grep -c FAIL results/test-results.txt) failing tests" "notes/feasibility.md lists the failing tests"
         ;;
     *-patch-*)
         name=${todo##*-patch-}
@@ -48,9 +48,9 @@ case "$todo" in
         ;;
     *-checks)
         if sh run-tests.sh > /dev/null; then
-            result completed "full suite green" "run-tests.sh: $(grep -c PASS test-results.txt) passed, 0 failed"
+            result completed "full suite green" "run-tests.sh: $(grep -c PASS results/test-results.txt) passed, 0 failed"
         else
-            result repair_required "suite still red: $(grep FAIL test-results.txt | tr '\n' ' ')" "run-tests.sh failed"
+            result repair_required "suite still red: $(grep FAIL results/test-results.txt | tr '\n' ' ')" "run-tests.sh failed"
         fi
         ;;
     *-review)

@@ -35,8 +35,10 @@ step "A project whose tests fail: nothing in lib/ is implemented yet"
 sh run-tests.sh || true
 loopx init
 
-step "Install the extensions (fs-observe may only read this project, read-only)"
-loopx extension install "$REPO/extensions/fs-observe" --grant "fs.read:workspace=$P"
+step "Install the extensions (fs-observe may only read the test results, read-only)"
+# Not the whole project: a grant that contains .loopx/ would let the provider read LoopX's own
+# state, and install refuses it.
+loopx extension install "$REPO/extensions/fs-observe" --grant "fs.read:workspace=$P/results"
 loopx extension install "$REPO/extensions/issue-fix"
 loopx extension list
 
