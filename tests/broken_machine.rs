@@ -436,6 +436,102 @@ fn a_full_disk_is_exit_6_with_the_path_and_the_os_reason() {
     );
 }
 
+#[test]
+fn permission_denied_is_exit_6_and_reads_still_work() {
+    let (p, g) = seeded();
+    let uid = String::from_utf8(Command::new("id").arg("-u").output().unwrap().stdout).unwrap();
+    // As root, permissions do not bind: the commands run as `nobody` (setpriv), for whom the
+    // root-owned project is readable but not writable. As anyone else, the project is made
+    // read-only for its owner.
+    let as_other_user: Vec<String> = if uid.trim() == "0" {
+        let mut dir = p.path().to_path_buf();
+        while let Some(parent) = dir.parent() {
+            // `nobody` must be able to reach the project (tempdirs are 0700).
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+            if mode & 0o005 != 0o005 && dir.starts_with(std::env::temp_dir()) {
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode | 0o005))
+                    .unwrap();
+            }
+            dir = parent.to_path_buf();
+        }
+        let probe = Command::new("setpriv").arg("--version").output();
+        assert!(
+            probe.is_ok_and(|o| o.status.success()),
+            "this test runs as root and needs `setpriv` (util-linux) to drop to `nobody`"
+        );
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ]
+        .map(str::to_string)
+        .to_vec()
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        for entry in std::fs::read_dir(p.state()).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+            }
+        }
+        std::fs::set_permissions(p.state(), std::fs::Permissions::from_mode(0o555)).unwrap();
+        Vec::new()
+    };
+    let run = |args: &[&str]| {
+        let mut cmd = match as_other_user.split_first() {
+            Some((first, rest)) => {
+                let mut cmd = Command::new(first);
+                cmd.args(rest).arg(loopx_bin());
+                cmd
+            }
+            None => Command::new(loopx_bin()),
+        };
+        cmd.args(args).current_dir(p.path());
+        for k in [
+            "LOOPX_ROOT",
+            "LOOPX_TURN_KEY",
+            "LOOPX_AGENT_ID",
+            "LOOPX_CLAIM_KEY",
+        ] {
+            cmd.env_remove(k);
+        }
+        to_run(cmd.output().unwrap())
+    };
+    for args in [
+        vec!["status"],
+        vec!["todo", "list", "--goal-id", g.as_str()],
+        vec!["history", "--goal-id", g.as_str()],
+        vec!["quota", "should-run", "--goal-id", g.as_str()],
+        vec!["doctor"],
+    ] {
+        let r = run(&args);
+        assert_eq!(r.code, 0, "{args:?}: {}", r.stderr);
+    }
+    let r = run(&[
+        "--format",
+        "json",
+        "todo",
+        "add",
+        "--goal-id",
+        &g,
+        "--title",
+        "x",
+    ]);
+    assert_eq!(r.code, 6, "{}", r.stderr);
+    assert_eq!(r.json()["error"]["kind"], "io");
+    assert!(
+        r.stderr.contains(&db(&p).display().to_string()),
+        "{}",
+        r.stderr
+    );
+    if as_other_user.is_empty() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p.state(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
