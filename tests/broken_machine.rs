@@ -183,6 +183,22 @@ fn doctor_finds_content_damage_and_commands_name_the_row() {
     );
 }
 
+#[test]
+fn cached_projection_lines_that_do_not_decode_are_rendered_afresh() {
+    let (p, g) = seeded();
+    // `refresh-state` cached each todo's rendered lines in its row; damage them.
+    sql(
+        &p,
+        "UPDATE todos SET view_json = CAST(X'7B22FF' AS TEXT), view_md = CAST(X'2DFF' AS TEXT) \
+         WHERE view_json IS NOT NULL",
+    );
+    let r = p.run(&["refresh-state", "--goal-id", &g]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let state = std::fs::read_to_string(p.state().join("goals").join(&g).join("state.json"))
+        .expect("state.json is UTF-8");
+    assert!(state.contains("\"title\":\"first\""), "{state}");
+}
+
 /// Fills the todos table past one page, moves everything into the main file, and scribbles over
 /// the middle of the table's root page (header intact), as a bad disk would.
 fn damage_a_page(p: &Project, g: &str) {

@@ -1293,13 +1293,18 @@ fn cached_lines<'r>(row: &'r Row<'_>) -> rusqlite::Result<Option<TodoLines<'r>>>
     let Some((order, role, status)) = unpack_view_key(key) else {
         return Ok(None);
     };
-    let text = |idx, bytes| std::str::from_utf8(bytes).map_err(|e| bad_text(idx, e));
+    // Cached lines are derived data: lines that are not UTF-8 (a damaged page, a stray write) are
+    // no reason to fail the command; the todo is rendered from its row instead, and the next
+    // refresh caches fresh lines over them.
+    let (Ok(json), Ok(md)) = (std::str::from_utf8(json), std::str::from_utf8(md)) else {
+        return Ok(None);
+    };
     Ok(Some(TodoLines {
         order,
         role,
         status,
-        json: text(1, json)?,
-        md: text(2, md)?,
+        json,
+        md,
     }))
 }
 
