@@ -244,3 +244,50 @@ pub fn result_schema_hint() -> Value {
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "turn-k";
+
+    fn nested(levels: usize) -> String {
+        format!(
+            r#"{{"schema_version":"{RESULT_SCHEMA}","status":"progress","observations":[{{"kind":"k","data":{}{}}}]}}"#,
+            "[".repeat(levels),
+            "]".repeat(levels)
+        )
+    }
+
+    #[test]
+    fn depth_counts_structure_not_brackets_in_strings() {
+        assert_eq!(json_depth_over("{}", 1), None);
+        assert_eq!(json_depth_over("[[]]", 1), Some(2));
+        assert_eq!(json_depth_over(r#"{"a":"[[[[\"]]]]"}"#, 1), None);
+        assert_eq!(json_depth_over(r#"["\\",[[]]]"#, 2), Some(3));
+        // The scan stops at the first level over the limit.
+        assert_eq!(json_depth_over(&"[".repeat(100_000), 64), Some(65));
+    }
+
+    #[test]
+    fn results_deeper_than_the_limit_are_refused_before_parsing() {
+        // Result object, observations array, observation object: data starts at level 4.
+        assert!(parse_result_text(&nested(MAX_RESULT_DEPTH - 3), KEY).is_ok());
+        let err = parse_result_text(&nested(MAX_RESULT_DEPTH - 2), KEY).unwrap_err();
+        assert!(err.contains("the limit is 64"), "{err}");
+        // Past serde_json's own limit the message is still ours, not the reader's.
+        let err = parse_result_text(&nested(500), KEY).unwrap_err();
+        assert!(err.contains("levels deep"), "{err}");
+        let err = parse_result_text(&" ".repeat(MAX_STDOUT + 1), KEY).unwrap_err();
+        assert!(err.contains("the limit is 65536"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_in_proposals_are_refused() {
+        let text = format!(
+            r#"{{"schema_version":"{RESULT_SCHEMA}","status":"progress","proposals":[{{"type":"no_change","reason":"r","bogus":1}}]}}"#
+        );
+        let err = parse_result_text(&text, KEY).unwrap_err();
+        assert!(err.contains("bogus"), "{err}");
+    }
+}
