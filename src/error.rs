@@ -131,8 +131,8 @@ pub fn is_environmental(err: &std::io::Error) -> bool {
     ) {
         return true;
     }
-    // EIO (5) and ENXIO (6): the device itself failed or went away.
-    matches!(err.raw_os_error(), Some(5) | Some(6))
+    // The device itself failed or went away.
+    matches!(err.raw_os_error(), Some(libc::EIO) | Some(libc::ENXIO))
 }
 
 /// The absolute path a context sentence names (`"writing /p/.loopx/registry.json"`), or an empty

@@ -57,7 +57,8 @@ impl ProjectPaths {
             if candidate.db().is_file() {
                 return Ok(candidate);
             }
-            // Only when the database is not there: the common case stays one `stat` per level.
+            // A second `stat`, paid only at a level without a database: none when the command
+            // runs at the project's root (every tick command), one per level below it otherwise.
             candidate.refuse_lost_database()?;
             dir = d.parent();
         }
