@@ -253,7 +253,7 @@ mod tests {
     const HOSTILE: &str =
         "a\u{1b}]0;pwned\u{7}b\u{1b}[2J\u{1b}[8mhidden\u{9b}31m\u{202e}txt\r\u{8}z";
 
-    fn is_borrowed(c: &Cow<'_, str>) -> bool {
+    fn is_borrowed(c: Cow<'_, str>) -> bool {
         matches!(c, Cow::Borrowed(_))
     }
 
@@ -265,11 +265,11 @@ mod tests {
             "é ✓ 日本語 👨‍👩‍👧",
             "a/b_c-d.e (1) #2 *x*",
         ] {
-            assert!(is_borrowed(&line(s)), "{s}");
-            assert!(is_borrowed(&text(s)), "{s}");
-            assert!(is_borrowed(&md_inline(s)), "{s}");
+            assert!(is_borrowed(line(s)), "{s}");
+            assert!(is_borrowed(text(s)), "{s}");
+            assert!(is_borrowed(md_inline(s)), "{s}");
         }
-        assert!(is_borrowed(&text("two\nlines\tand a tab")));
+        assert!(is_borrowed(text("two\nlines\tand a tab")));
     }
 
     #[test]
@@ -302,7 +302,7 @@ mod tests {
             assert!(!out.chars().any(is_hidden));
         }
         // Joiners that emoji and scripts need are kept.
-        assert!(is_borrowed(&line("a\u{200d}b\u{200c}c")));
+        assert!(is_borrowed(line("a\u{200d}b\u{200c}c")));
     }
 
     #[test]
