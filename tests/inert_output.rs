@@ -10,7 +10,7 @@ mod turn_support;
 
 use std::path::Path;
 
-use plugin_support::{extension, harvest_cache, seed_cache, wasm};
+use plugin_support::{extension, wasm};
 use serde_json::Value;
 use turn_support::{Project, turn_run};
 
@@ -232,6 +232,28 @@ fn hostile_text_is_inert_in_every_text_and_markdown_output() {
     assert_eq!(turn.code, 0, "turn run: {turn:?}");
     assert_inert("turn run (text)", &turn.stdout, false);
     assert_inert("turn run (stderr)", &turn.stderr, false);
+    // A host that fails: its last stderr line is quoted in the turn's detail, which `turn run`
+    // prints; `loop` prints its report and a progress line per turn on stderr.
+    let failing = p.script(
+        "failing.sh",
+        &format!("cat > /dev/null\nprintf '%s\\n' '{HOSTILE}' >&2\nexit 3\n"),
+    );
+    let turn = p.run(&turn_run("a1", &["--todo-id", "t1"], &[&failing]));
+    assert_inert("failed turn run (text)", &turn.stdout, true);
+    assert_inert("failed turn run (stderr)", &turn.stderr, false);
+    let mut loop_args = vec![
+        "loop",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--max-turns",
+        "1",
+    ];
+    loop_args.extend(["--until-idle", "--", failing.as_str()]);
+    let looped = p.run(&loop_args);
+    assert_inert("loop (text)", &looped.stdout, false);
+    assert_inert("loop (progress on stderr)", &looped.stderr, false);
 
     let turn_key = p.json(&["turn", "list", "--goal-id", "g"])["turns"][0]["turn_key"]
         .as_str()
@@ -399,12 +421,10 @@ fn plugin_text_is_inert_in_capability_and_provider_output() {
         "uses = [\"probe/p\"]",
         "",
     );
-    seed_cache(&p.state());
     let grant = format!("fs.read:data={}", data.display());
     let probe = probe.to_str().unwrap();
     p.ok(&["extension", "install", probe, "--grant", &grant]);
     p.ok(&["extension", "install", cap.to_str().unwrap()]);
-    harvest_cache(&p.state());
 
     let target = format!("/data/{HOSTILE_NAME}");
     std::fs::write(
