@@ -25,19 +25,10 @@ pub const MAX_SLEEP_SECONDS: RangeInclusive<i128> = 1..=86_400;
 pub const LOOP_COUNT: RangeInclusive<i128> = 1..=10_000;
 /// `quota spend-slot --slots` (the kernel's bound).
 pub const SLOTS: RangeInclusive<i128> = 1..=10_000;
-/// `quota set --allowed-slots` and `--per-agent-cap`: 0 pauses automatic turns.
-pub const SLOT_COUNT: RangeInclusive<i128> = 0..=1_000_000;
-/// `quota set --compute`: share of the window; 0 pauses automatic turns.
-pub const COMPUTE: RangeInclusive<f64> = 0.0..=1000.0;
-/// `quota set --window-hours`: at least 36 seconds.
-pub const WINDOW_HOURS: RangeInclusive<f64> = 0.01..=10_000.0;
-/// `quota set --slot-minutes`: at least 6 seconds, so a window never holds more slots than an
-/// `i64` counts (`1e-300` once meant 2^63 slots, quota off).
-pub const SLOT_MINUTES: RangeInclusive<f64> = 0.1..=10_000.0;
+pub use crate::kernel::quota::{COMPUTE, SLOT_COUNT, SLOT_MINUTES, WINDOW_HOURS};
 /// `reward add --score` (the kernel's bound).
 pub const SCORE: RangeInclusive<f64> = -1_000_000.0..=1_000_000.0;
-/// `probe set --text`: the kernel's limit, in bytes.
-pub const PROBE_TEXT_BYTES: usize = 4096;
+pub use crate::kernel::goal::PROBE_TEXT_BYTES;
 
 fn int_in<T: TryFrom<i128>>(s: &str, range: RangeInclusive<i128>) -> Result<T, String> {
     let (lo, hi) = (range.start(), range.end());

@@ -24,6 +24,9 @@ pub struct NewGoal {
 /// Longest goal title accepted.
 pub const MAX_TITLE: usize = 500;
 
+/// The longest `next_probe`, in bytes.
+pub const PROBE_TEXT_BYTES: usize = 4096;
+
 impl Kernel {
     pub fn create_goal(&mut self, actor: &Actor, new: NewGoal) -> Result<Goal> {
         let title = new.title.trim().to_string();
@@ -140,16 +143,16 @@ impl Kernel {
         probe: Option<String>,
     ) -> Result<Goal> {
         if let Some(p) = &probe
-            && p.len() > 4096
+            && (p.trim().is_empty() || p.len() > PROBE_TEXT_BYTES)
         {
             return Err(bad_input(format!(
-                "probe text is {} bytes; the limit is 4096",
+                "probe text is {} bytes; give 1..={PROBE_TEXT_BYTES} bytes of text, or clear the probe",
                 p.len()
             )));
         }
         let goal = self.write(|tx| {
             let mut goal = require_goal(tx, goal_id)?;
-            goal.next_probe = probe.filter(|p| !p.trim().is_empty());
+            goal.next_probe = probe;
             goal.updated_at = now_ms();
             tx.update_goal(&goal)?;
             log_op(

@@ -4,6 +4,8 @@
 //! counter, so a retried spend (same effect id) cannot count twice: the insert is a no-op on the
 //! primary key and the command reports an idempotent replay.
 
+use std::ops::RangeInclusive;
+
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -12,6 +14,16 @@ use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input, not_found};
 use crate::ids::validate_token;
+
+/// `allowed_slots` and `per_agent_cap`: 0 pauses automatic turns.
+pub const SLOT_COUNT: RangeInclusive<i128> = 0..=1_000_000;
+/// `compute`: share of the window; 0 pauses automatic turns.
+pub const COMPUTE: RangeInclusive<f64> = 0.0..=1000.0;
+/// `window_hours`: at least 36 seconds.
+pub const WINDOW_HOURS: RangeInclusive<f64> = 0.01..=10_000.0;
+/// `slot_minutes`: at least 6 seconds, so a window never holds more slots than an `i64` counts
+/// (`1e-300` once meant 2^63 slots, quota off).
+pub const SLOT_MINUTES: RangeInclusive<f64> = 0.1..=10_000.0;
 
 /// The quota situation of a goal (and optionally one agent) right now.
 #[derive(Debug, Clone, Serialize)]
@@ -252,22 +264,18 @@ impl Kernel {
         patch: PolicyPatch,
     ) -> Result<QuotaView> {
         actor.require_operator("set quota policy")?;
-        if let Some(c) = patch.compute
-            && !(0.0..=1000.0).contains(&c)
-        {
-            return Err(bad_input(format!(
-                "--compute {c} is out of range: use 0 (pause) to 1000"
-            )));
-        }
-        for (name, v) in [
-            ("--window-hours", patch.window_hours),
-            ("--slot-minutes", patch.slot_minutes),
+        for (name, v, range) in [
+            ("--compute", patch.compute, &COMPUTE),
+            ("--window-hours", patch.window_hours, &WINDOW_HOURS),
+            ("--slot-minutes", patch.slot_minutes, &SLOT_MINUTES),
         ] {
             if let Some(v) = v
-                && !(v > 0.0 && v <= 10_000.0)
+                && !range.contains(&v)
             {
                 return Err(bad_input(format!(
-                    "{name} {v} is out of range: use a positive number up to 10000"
+                    "{name} is out of range; the valid range is {}..={}",
+                    range.start(),
+                    range.end()
                 )));
             }
         }
@@ -276,9 +284,13 @@ impl Kernel {
             ("--per-agent-cap", patch.per_agent_cap),
         ] {
             if let Some(v) = v
-                && v < 0
+                && !SLOT_COUNT.contains(&i128::from(v))
             {
-                return Err(bad_input(format!("{name} {v} must be 0 or more")));
+                return Err(bad_input(format!(
+                    "{name} is out of range; the valid range is {}..={}",
+                    SLOT_COUNT.start(),
+                    SLOT_COUNT.end()
+                )));
             }
         }
         self.write(|tx| {
@@ -374,5 +386,70 @@ impl Kernel {
                 after,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::goal::NewGoal;
+
+    /// The kernel holds its own ranges: a library caller cannot turn quota off with a slot of
+    /// 1e-300 minutes any more than the CLI can.
+    #[test]
+    fn policy_values_outside_their_ranges_are_refused_by_the_kernel() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = Kernel::init(dir.path()).unwrap().unwrap();
+        let goal = NewGoal {
+            id: Some("g".into()),
+            title: "Goal".into(),
+            objective: None,
+            success_criteria: Vec::new(),
+            project_dir: None,
+        };
+        k.create_goal(&Actor::Operator, goal).unwrap();
+        let before = k.quota("g", None).unwrap().0;
+        let bad = [
+            PolicyPatch {
+                slot_minutes: Some(1e-300),
+                ..PolicyPatch::default()
+            },
+            PolicyPatch {
+                window_hours: Some(f64::NAN),
+                ..PolicyPatch::default()
+            },
+            PolicyPatch {
+                compute: Some(f64::INFINITY),
+                ..PolicyPatch::default()
+            },
+            PolicyPatch {
+                allowed_slots: Some(-1),
+                ..PolicyPatch::default()
+            },
+            PolicyPatch {
+                per_agent_cap: Some(i64::MAX),
+                ..PolicyPatch::default()
+            },
+        ];
+        for patch in bad {
+            let err = k
+                .set_quota(&Actor::Operator, "g", patch.clone())
+                .unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{patch:?}: {err}");
+            assert!(err.to_string().contains("valid range"), "{err}");
+        }
+        assert_eq!(
+            k.quota("g", None).unwrap().0.allowed_slots,
+            before.allowed_slots
+        );
+        k.set_quota(
+            &Actor::Operator,
+            "g",
+            PolicyPatch {
+                slot_minutes: Some(0.1),
+                ..PolicyPatch::default()
+            },
+        )
+        .unwrap();
     }
 }

@@ -292,7 +292,10 @@ pub fn run_loop(
                          pass --validate-json with a command that checks the work (or \
                          --trust-host-completion if the host's word is enough)",
                         budget.unvalidated_turns,
-                        turns.last().and_then(|o| o.todo_id.as_deref()).unwrap_or("-")
+                        turns
+                            .last()
+                            .and_then(|o| o.todo_id.as_deref())
+                            .unwrap_or("-")
                     ),
                 );
             }
@@ -376,6 +379,8 @@ mod tests {
             elapsed_ms: 0,
             warnings: Vec::new(),
             working_turn: None,
+            validated: false,
+            isolation: crate::turn::isolation::Isolation::None,
         }
     }
 
