@@ -18,7 +18,8 @@
 //! - other characters that render as nothing or move text: the rest of Unicode's format
 //!   characters (category Cf: soft hyphen, zero-width space, word joiner, BOM, interlinear
 //!   annotation, the tag characters that can smuggle invisible ASCII, ...), the line and paragraph
-//!   separators U+2028/U+2029, and the Hangul fillers that are letters drawn as blanks.
+//!   separators U+2028/U+2029, the Hangul fillers that are letters drawn as blanks, and variation
+//!   selectors 17-256 (U+E0100..U+E01EF), which draw nothing and can carry hidden bytes.
 //!   Zero-width joiner and non-joiner (U+200D, U+200C) are kept: emoji sequences and several
 //!   scripts need them, and they can neither hide nor move text.
 //!
@@ -176,6 +177,7 @@ pub fn is_hidden(c: char) -> bool {
             | '\u{1d173}'..='\u{1d17a}'
             | '\u{e0001}'
             | '\u{e0020}'..='\u{e007f}'
+            | '\u{e0100}'..='\u{e01ef}'
     )
 }
 
@@ -301,7 +303,9 @@ mod tests {
             assert_eq!(out, format!("x\\u{{{:x}}}y", c as u32), "{:x}", c as u32);
             assert!(!out.chars().any(is_hidden));
         }
-        // Joiners that emoji and scripts need are kept.
+        assert_eq!(line("a\u{e0100}"), "a\\u{e0100}");
+        // Joiners and the variation selectors that emoji and scripts need are kept.
+        assert!(is_borrowed(line("\u{2764}\u{fe0f}")));
         assert!(is_borrowed(line("a\u{200d}b\u{200c}c")));
     }
 
