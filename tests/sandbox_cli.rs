@@ -9,21 +9,8 @@ use std::path::Path;
 use std::process::Command;
 
 use cli_support::Run;
-use plugin_support::{extension, harvest_cache, repo, seed_cache, wasm};
+use plugin_support::{extension, repo, wasm};
 use serde_json::Value;
-
-fn loopx(cwd: &Path, args: &[&str]) -> Run {
-    let state = cwd.join(".loopx");
-    let installs = args.iter().any(|a| *a == "install" || *a == "upgrade");
-    if installs {
-        seed_cache(&state);
-    }
-    let out = run(cwd, args);
-    if installs {
-        harvest_cache(&state);
-    }
-    out
-}
 
 fn run(cwd: &Path, args: &[&str]) -> Run {
     let mut cmd = Command::new(cli_support::loopx_bin());
@@ -40,7 +27,7 @@ fn run(cwd: &Path, args: &[&str]) -> Run {
 }
 
 fn todo_list(dir: &Path, goal: &str) -> Value {
-    loopx(
+    run(
         dir,
         &["--format", "json", "todo", "list", "--goal-id", goal],
     )
@@ -54,7 +41,7 @@ fn first_party_extensions_through_the_cli() {
     wasm("issue-fix");
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    loopx(d, &["init"]).ok();
+    run(d, &["init"]).ok();
     let ws = d.join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     std::fs::write(
@@ -64,7 +51,7 @@ fn first_party_extensions_through_the_cli() {
     .unwrap();
     let fs_dir = repo().join("extensions/fs-observe");
     let grant = format!("fs.read:workspace={}", ws.display());
-    let installed = loopx(
+    let installed = run(
         d,
         &[
             "--format",
@@ -79,7 +66,7 @@ fn first_party_extensions_through_the_cli() {
     .ok()
     .json();
     assert_eq!(installed["install"]["revision"], 1);
-    loopx(
+    run(
         d,
         &[
             "extension",
@@ -88,11 +75,11 @@ fn first_party_extensions_through_the_cli() {
         ],
     )
     .ok();
-    let list = loopx(d, &["--format", "json", "extension", "list"])
+    let list = run(d, &["--format", "json", "extension", "list"])
         .ok()
         .json();
     assert_eq!(list["extensions"].as_array().unwrap().len(), 2);
-    let inspect = loopx(d, &["extension", "inspect", "fs-observe"]).ok();
+    let inspect = run(d, &["extension", "inspect", "fs-observe"]).ok();
     assert!(
         inspect.stdout.contains("fs.read:workspace="),
         "{}",
@@ -105,7 +92,7 @@ fn first_party_extensions_through_the_cli() {
         r#"{"operation": "test-results", "target": "test-results.txt"}"#,
     )
     .unwrap();
-    let obs = loopx(
+    let obs = run(
         d,
         &[
             "--format",
@@ -123,14 +110,14 @@ fn first_party_extensions_through_the_cli() {
     assert_eq!(obs["observation"]["source"], "fs-observe/fs");
 
     // Capability invoke: dry run writes nothing, then for real.
-    loopx(
+    run(
         d,
         &["goal", "create", "--id", "g1", "--title", "Fix the tests"],
     )
     .ok();
     std::fs::write(d.join("fix.txt"), "issue = a::b fails\n").unwrap();
     let before = todo_list(d, "g1");
-    let dry = loopx(
+    let dry = run(
         d,
         &[
             "--format",
@@ -150,7 +137,7 @@ fn first_party_extensions_through_the_cli() {
     assert_eq!(dry["dry_run"], true);
     assert_eq!(dry["admission"]["refused"], 0);
     assert_eq!(todo_list(d, "g1"), before, "a dry run wrote todos");
-    let text = loopx(
+    let text = run(
         d,
         &[
             "capability",
@@ -168,8 +155,8 @@ fn first_party_extensions_through_the_cli() {
     assert_eq!(todos["todos"].as_array().map(Vec::len), Some(4), "{todos}");
 
     // Lifecycle.
-    loopx(d, &["extension", "disable", "issue-fix"]).ok();
-    let disabled = loopx(
+    run(d, &["extension", "disable", "issue-fix"]).ok();
+    let disabled = run(
         d,
         &[
             "capability",
@@ -183,8 +170,8 @@ fn first_party_extensions_through_the_cli() {
     );
     assert_eq!(disabled.code, 1, "{}", disabled.stderr);
     assert!(disabled.stderr.contains("disabled"), "{}", disabled.stderr);
-    loopx(d, &["extension", "enable", "issue-fix"]).ok();
-    let up = loopx(
+    run(d, &["extension", "enable", "issue-fix"]).ok();
+    let up = run(
         d,
         &[
             "--format",
@@ -204,11 +191,11 @@ fn first_party_extensions_through_the_cli() {
             ws.canonicalize().unwrap().to_str().unwrap()
         )
     );
-    loopx(d, &["extension", "rollback", "fs-observe"]).ok();
+    run(d, &["extension", "rollback", "fs-observe"]).ok();
 
     // A goal bound to a capability needs it installed and enabled: should-run says repair_required
     // while it is disabled or removed, and runs again once it is back.
-    loopx(
+    run(
         d,
         &[
             "todo",
@@ -225,7 +212,7 @@ fn first_party_extensions_through_the_cli() {
     )
     .ok();
     let route = |d: &Path| {
-        loopx(
+        run(
             d,
             &["--format", "json", "quota", "should-run", "--goal-id", "g1"],
         )
@@ -234,14 +221,14 @@ fn first_party_extensions_through_the_cli() {
             .clone()
     };
     assert_ne!(route(d), "repair_required", "installed and enabled");
-    loopx(d, &["extension", "disable", "issue-fix"]).ok();
+    run(d, &["extension", "disable", "issue-fix"]).ok();
     assert_eq!(route(d), "repair_required");
-    loopx(d, &["extension", "enable", "issue-fix"]).ok();
+    run(d, &["extension", "enable", "issue-fix"]).ok();
     assert_ne!(route(d), "repair_required");
     let todos = todo_list(d, "g1");
-    loopx(d, &["extension", "remove", "issue-fix"]).ok();
+    run(d, &["extension", "remove", "issue-fix"]).ok();
     assert_eq!(todo_list(d, "g1"), todos, "removal changed goal state");
-    let after = loopx(
+    let after = run(
         d,
         &["--format", "json", "quota", "should-run", "--goal-id", "g1"],
     )
@@ -252,7 +239,7 @@ fn first_party_extensions_through_the_cli() {
         after["interaction_contract"]["agent_channel"]["missing_capabilities"][0],
         "issue-fix/issue-fix"
     );
-    let gone = loopx(
+    let gone = run(
         d,
         &[
             "capability",
@@ -271,7 +258,7 @@ fn first_party_extensions_through_the_cli() {
 fn sandbox_failure_exit_code_and_message() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    loopx(d, &["init"]).ok();
+    run(d, &["init"]).ok();
     let ext = extension(
         d,
         "hostile",
@@ -282,11 +269,11 @@ fn sandbox_failure_exit_code_and_message() {
         "",
         "fuel = 3_000_000",
     );
-    loopx(d, &["extension", "install", ext.to_str().unwrap()]).ok();
-    loopx(d, &["goal", "create", "--id", "g1", "--title", "Hostile"]).ok();
+    run(d, &["extension", "install", ext.to_str().unwrap()]).ok();
+    run(d, &["goal", "create", "--id", "g1", "--title", "Hostile"]).ok();
     std::fs::write(d.join("loop.txt"), "log 1\nloop\n").unwrap();
     let before = todo_list(d, "g1");
-    let out = loopx(
+    let out = run(
         d,
         &[
             "--format",
@@ -329,7 +316,7 @@ fn sandbox_failure_exit_code_and_message() {
         "",
         "",
     );
-    let refused = loopx(d, &["extension", "install", net.to_str().unwrap()]);
+    let refused = run(d, &["extension", "install", net.to_str().unwrap()]);
     assert_eq!(refused.code, 1);
     assert!(
         refused.stderr.contains("wasi:sockets"),
@@ -342,8 +329,8 @@ fn sandbox_failure_exit_code_and_message() {
 fn scaffolded_capability_builds_installs_and_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    loopx(d, &["init"]).ok();
-    loopx(
+    run(d, &["init"]).ok();
+    run(
         d,
         &["extension", "new", "todo-lines", "--kind", "capability"],
     )
@@ -369,10 +356,10 @@ fn scaffolded_capability_builds_installs_and_runs() {
     let expected = crate_dir.join("target/wasm32-wasip2/release");
     std::fs::create_dir_all(&expected).unwrap();
     std::fs::copy(&built, expected.join("todo_lines.wasm")).unwrap();
-    loopx(d, &["extension", "install", "todo-lines"]).ok();
-    loopx(d, &["goal", "create", "--id", "g1", "--title", "Scaffold"]).ok();
+    run(d, &["extension", "install", "todo-lines"]).ok();
+    run(d, &["goal", "create", "--id", "g1", "--title", "Scaffold"]).ok();
     std::fs::write(d.join("lines.txt"), "write the parser\nadd tests\n").unwrap();
-    let out = loopx(
+    let out = run(
         d,
         &[
             "--format",
@@ -395,7 +382,7 @@ fn scaffolded_capability_builds_installs_and_runs() {
     );
 
     // Provider scaffold builds too and reads only its grant.
-    loopx(d, &["extension", "new", "read-file", "--kind", "provider"]).ok();
+    run(d, &["extension", "new", "read-file", "--kind", "provider"]).ok();
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(d.join("read-file"))
         .args([
@@ -418,7 +405,7 @@ fn scaffolded_capability_builds_installs_and_runs() {
     .unwrap();
     std::fs::create_dir_all(d.join("data")).unwrap();
     std::fs::write(d.join("data/notes.txt"), "hello").unwrap();
-    loopx(
+    run(
         d,
         &[
             "extension",
@@ -434,7 +421,7 @@ fn scaffolded_capability_builds_installs_and_runs() {
         r#"{"operation": "read", "target": "notes.txt"}"#,
     )
     .unwrap();
-    let obs = loopx(
+    let obs = run(
         d,
         &[
             "--format",

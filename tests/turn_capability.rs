@@ -170,10 +170,7 @@ fn wasm_capability_failure_is_writeback_failed() {
         "",
         "",
     );
-    let state = pp.paths().state;
-    plugin_support::seed_cache(&state);
     pp.install(&dir, &[]).unwrap();
-    plugin_support::harvest_cache(&state);
     let mut t = NewTodo::task("bound to a wasm capability");
     t.id = Some("t1".into());
     t.capability = Some("hostile/cap".into());
@@ -217,8 +214,6 @@ fn wasm_capability_proposals_are_admitted_in_writeback() {
         "test parser::empty_input ... FAILED\ntest parser::nested ... ok\n",
     )
     .unwrap();
-    let state = pp.paths().state;
-    plugin_support::seed_cache(&state);
     plugin_support::wasm("fs-observe");
     plugin_support::wasm("issue-fix");
     let grant = format!("fs.read:workspace={}", ws.display());
@@ -229,7 +224,6 @@ fn wasm_capability_proposals_are_admitted_in_writeback() {
     .unwrap();
     pp.install(&plugin_support::repo().join("extensions/issue-fix"), &[])
         .unwrap();
-    plugin_support::harvest_cache(&state);
     let mut t = NewTodo::task("triage the failing tests");
     t.id = Some("triage".into());
     t.capability = Some("issue-fix/issue-fix".into());

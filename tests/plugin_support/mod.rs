@@ -8,12 +8,9 @@
 //! file lock ("Blocking waiting for file lock"), and a build that finds everything up to date is a
 //! no-op. Built `.wasm` files are never committed.
 //!
-//! Compiled-artifact sharing: compiling a component with a debug build of wasmtime/cranelift takes
-//! seconds, and every test has its own project and so its own `.loopx/cache/components/`. The cache
-//! is content-addressed (sha256 of the wasm + engine compatibility key), so [`seed_cache`] copies
-//! artifacts from a shared `target/plugin-test-cache/` into a project before install and
-//! [`harvest_cache`] copies new ones back after; both write to a temporary name and rename, so
-//! parallel tests never see half-written files. Tamper tests modify only their own project's copy.
+//! Compiled artifacts are not shared between projects: install trusts only an artifact it compiled
+//! itself or one whose digest its own registry recorded, so a copied-in artifact would be exactly
+//! the planted file `tests/sandbox_install.rs` proves is never used. Each project's installs compile.
 //!
 //! Projects: [`Project::new`] initializes a fresh `.loopx/` in a temporary directory and opens the
 //! kernel and plugin host on it. [`Project::fingerprint`] hashes everything the database holds
@@ -181,49 +178,4 @@ pub fn extension(
     );
     std::fs::write(dir.join("extension.toml"), text).unwrap();
     dir
-}
-
-fn shared_cache() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("target"));
-    target.join("plugin-test-cache")
-}
-
-fn copy_dir_files(from: &Path, to: &Path) {
-    let Ok(entries) = std::fs::read_dir(from) else {
-        return;
-    };
-    let _ = std::fs::create_dir_all(to);
-    // Sidecars first: an artifact without its sidecar is simply recompiled.
-    let mut files: Vec<PathBuf> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort_by_key(|p| !p.to_string_lossy().ends_with(".sha256"));
-    for f in files {
-        let name = f.file_name().unwrap().to_string_lossy().into_owned();
-        if name.contains(".tmp") || to.join(&name).exists() {
-            continue;
-        }
-        let tmp = to.join(format!(
-            "{name}.tmp{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        if std::fs::copy(&f, &tmp).is_ok() {
-            let _ = std::fs::rename(&tmp, to.join(&name));
-        }
-    }
-}
-
-/// Copies shared compiled artifacts into the project at `state` (its `.loopx/`).
-pub fn seed_cache(state: &Path) {
-    copy_dir_files(&shared_cache(), &state.join("cache").join("components"));
-}
-
-/// Copies the project's compiled artifacts back to the shared cache.
-pub fn harvest_cache(state: &Path) {
-    copy_dir_files(&state.join("cache").join("components"), &shared_cache());
 }
