@@ -412,21 +412,13 @@ fn run_markdown(run: &Run) -> String {
         md_block(&run.summary)
     });
     // JSON escapes C0 controls in strings but writes C1 and bidi controls as they are; inside
-    // the fence they are made visible too. The exact payload is in the run's `.json` report.
+    // the fence they are made visible too. The exact payload is in the run's `.json` report. A
+    // pretty-printed JSON line starts with indentation and a JSON token, never a backtick, so no
+    // payload can close the fence early.
     let payload = serde_json::to_string_pretty(&run.payload).unwrap_or_default();
-    let payload = inert::text(&payload);
-    let fence = "`".repeat(
-        payload
-            .split('\n')
-            .map(|l| l.len() - l.trim_start_matches('`').len())
-            .max()
-            .unwrap_or(0)
-            .max(2)
-            + 1,
-    );
-    md.push_str(&format!(
-        "\n\n## Payload\n\n{fence}json\n{payload}\n{fence}\n"
-    ));
+    md.push_str("\n\n## Payload\n\n```json\n");
+    md.push_str(&inert::text(&payload));
+    md.push_str("\n```\n");
     md
 }
 
