@@ -194,9 +194,7 @@ impl Broker {
             }
         }
     }
-}
 
-impl Broker {
     /// Records a provider call that ran out of the capability's time and fails the whole
     /// capability call with `Deadline` (the guest only sees `failed`).
     fn out_of_time(&mut self, mut call: ProviderCall) -> wit::PluginError {
