@@ -20,8 +20,9 @@
 //!   annotation, the tag characters that can smuggle invisible ASCII, ...), the line and paragraph
 //!   separators U+2028/U+2029, the Hangul fillers that are letters drawn as blanks, and variation
 //!   selectors 17-256 (U+E0100..U+E01EF), which draw nothing and can carry hidden bytes.
-//!   Zero-width joiner and non-joiner (U+200D, U+200C) are kept: emoji sequences and several
-//!   scripts need them, and they can neither hide nor move text.
+//!   Zero-width joiner and non-joiner (U+200D, U+200C) and variation selectors 1-16 (U+FE00..
+//!   U+FE0F) are kept: emoji sequences and several scripts need them, and they can neither hide
+//!   nor move text.
 //!
 //! The escaped form is the one Rust's `char::escape_debug` uses for these characters: `\n`, `\r`,
 //! `\t`, and `\u{hex}` (lowercase, no padding) for everything else, e.g. `\u{1b}`, `\u{202e}`.
