@@ -566,6 +566,7 @@ fn doctor_verifies_every_artifact_and_component() {
 fn deleted_artifact_is_recompiled_from_the_verified_component_and_recorded() {
     let (mut p, hostile, _) = two_capabilities();
     let artifact = p.host.cache().artifact_path(&hostile);
+    let installed = std::fs::read(&artifact).unwrap();
     std::fs::remove_file(&artifact).unwrap();
     invoke_capability(
         &mut p.kernel,
@@ -588,6 +589,9 @@ fn deleted_artifact_is_recompiled_from_the_verified_component_and_recorded() {
         record.artifact_sha256,
         loopx::plugin::cache::sha256_hex(&bytes)
     );
+    // Compilation is deterministic: two processes recompiling the same component at once write
+    // and record the same digest, so neither can make the other's record wrong.
+    assert_eq!(bytes, installed, "a recompile produced different bytes");
 }
 
 #[test]
