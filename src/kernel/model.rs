@@ -6,10 +6,10 @@
 use serde::{Deserialize, Serialize};
 
 macro_rules! wire_enum {
-    ($(#[$m:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
         $(#[$m])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ::serde::Serialize, ::serde::Deserialize)]
-        pub enum $name { $(#[serde(rename = $text)] $variant),+ }
+        pub enum $name { $($(#[$vm])* #[serde(rename = $text)] $variant),+ }
 
         impl $name {
             pub const ALL: &'static [$name] = &[$($name::$variant),+];

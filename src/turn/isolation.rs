@@ -36,7 +36,9 @@ use crate::kernel::model::wire_enum;
 wire_enum!(
     /// What `--isolation` asks for: `auto` isolates where the OS can and warns where it cannot,
     /// `required` refuses to start a turn the OS cannot isolate, `off` never isolates.
+    #[derive(Default)]
     IsolationMode {
+        #[default]
         Auto => "auto",
         Required => "required",
         Off => "off",
@@ -45,24 +47,14 @@ wire_enum!(
 
 wire_enum!(
     /// How a turn's host and validator actually ran (recorded in the journal).
+    #[derive(Default)]
     Isolation {
         Namespace => "namespace",
+        /// Also what journals written before isolation existed say: their hosts ran unisolated.
+        #[default]
         None => "none",
     }
 );
-
-impl Default for IsolationMode {
-    fn default() -> IsolationMode {
-        IsolationMode::Auto
-    }
-}
-
-impl Default for Isolation {
-    /// Journals written before isolation existed ran their hosts unisolated.
-    fn default() -> Isolation {
-        Isolation::None
-    }
-}
 
 /// Everything the namespace set-up writes, prepared before the fork.
 #[derive(Debug, Clone)]

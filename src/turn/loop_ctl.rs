@@ -24,14 +24,15 @@ use crate::kernel::model::wire_enum;
 pub const LOOP_SCHEMA: &str = "loopx.loop_report.v1";
 
 wire_enum!(
-    /// What the loop does next. `no_validated_progress`: turns kept reporting delivery on one
-    /// todo that nothing proved, so the loop stops before it spends more quota on them.
+    /// What the loop does next.
     LoopDisposition {
         RunNow => "run_now",
         Wait => "wait",
         UserActionRequired => "user_action_required",
         Repair => "repair",
         Replan => "replan",
+        /// Turns kept reporting delivery on one todo that nothing proved: the loop stops before
+        /// it spends more quota on them.
         NoValidatedProgress => "no_validated_progress",
         Terminal => "terminal",
     }
