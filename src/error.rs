@@ -160,3 +160,40 @@ pub fn not_found(msg: impl Into<String>) -> LoopxError {
 pub fn conflict(msg: impl Into<String>) -> LoopxError {
     LoopxError::Conflict(msg.into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_the_machine_caused_are_exit_6_with_their_path() {
+        let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let err = LoopxError::internal("writing /p/.loopx/registry.json", full);
+        assert_eq!((err.exit_code(), err.kind()), (6, "io"));
+        let LoopxError::Io { path, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(path, &PathBuf::from("/p/.loopx/registry.json"));
+        assert!(err.to_string().contains("No space left on device"), "{err}");
+        for errno in [
+            libc::EROFS,
+            libc::EACCES,
+            libc::EPERM,
+            libc::EIO,
+            libc::EDQUOT,
+        ] {
+            let e = LoopxError::internal("x", std::io::Error::from_raw_os_error(errno));
+            assert_eq!(e.exit_code(), 6, "errno {errno}");
+        }
+    }
+
+    #[test]
+    fn other_failures_stay_internal() {
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert_eq!(LoopxError::internal("reading /x", missing).exit_code(), 1);
+        let other = anyhow::anyhow!("not an I/O error");
+        assert_eq!(LoopxError::internal("x", other).kind(), "internal");
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert_eq!(LoopxError::io("/x", "reading /x", missing).exit_code(), 1);
+    }
+}
