@@ -70,17 +70,22 @@ impl ProjectPaths {
 
     /// Refuses a `.loopx/` directory whose database is gone (exit 5): searching on upward, or
     /// reporting "no project", would let the next `init` or `start-goal` start an empty project
-    /// in place of the lost one. `loopx init` alone may create the database.
+    /// in place of the lost one. `loopx init` alone may create the database. An empty `.loopx/`
+    /// is no project at all (a directory made by hand, or the empty filesystem a turn's sandbox
+    /// lays over the real one), so the search goes on past it as before.
     pub fn refuse_lost_database(&self) -> Result<()> {
-        if !self.state.is_dir() {
+        let holds_anything = std::fs::read_dir(&self.state)
+            .map(|mut entries| entries.next().is_some())
+            .unwrap_or(false);
+        if !holds_anything {
             return Ok(());
         }
         Err(LoopxError::Corrupt {
             path: self.db(),
             detail: format!(
-                "the project's state directory {} exists but its database is missing; restore \
-                 {DB_FILE} (and {DB_FILE}-wal) from a backup, or run `loopx init` to start an \
-                 empty project there",
+                "the project's state directory {} holds project files but its database is \
+                 missing; restore {DB_FILE} (and {DB_FILE}-wal) from a backup, or run `loopx \
+                 init` to start an empty project there",
                 self.state.display()
             ),
         })

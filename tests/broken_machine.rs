@@ -103,6 +103,11 @@ fn a_missing_database_is_exit_5_and_only_init_creates_one() {
     assert_eq!(r.code, 5, "{}", r.stderr);
     assert!(r.stderr.contains("loopx.db-wal"), "{}", r.stderr);
     assert!(!db(&p).exists());
+    // An empty `.loopx/` is no project (a turn's sandbox lays one over the real one): the search
+    // goes on past it, and finds nothing here (exit 3).
+    let empty = Project::empty();
+    std::fs::create_dir(empty.state()).unwrap();
+    assert_eq!(empty.run(&["status"]).code, 3);
     // With the WAL moved aside as well, the operator's explicit `init` starts an empty project.
     std::fs::rename(&wal, p.path().join("old-wal")).unwrap();
     let _ = std::fs::remove_file(p.state().join("loopx.db-shm"));
