@@ -250,6 +250,23 @@ fn a_damaged_page_stops_writes_until_doctor_sees_a_healthy_database() {
     // doctor confirms the damage and keeps the marker.
     assert_eq!(p.run(&["doctor"]).code, 5);
     assert!(marker.is_file());
+    // A backup of the damaged file is refused, against the project's database, and leaves no
+    // file behind.
+    let damaged_copy = p.path().join("damaged.db");
+    let r = p.run(&["backup", damaged_copy.to_str().unwrap()]);
+    assert_eq!(r.code, 5, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&db(&p).display().to_string()),
+        "{}",
+        r.stderr
+    );
+    assert!(!damaged_copy.exists());
+    assert!(!std::fs::read_dir(p.path()).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains("backup-tmp")
+    }));
 
     // Restore the copy: doctor checks it healthy, removes the marker, writes work again.
     for f in ["loopx.db", "loopx.db-wal", "loopx.db-shm"] {

@@ -473,20 +473,31 @@ impl SqliteStore {
             }
             backup.progress().pagecount
         };
-        let problems: Vec<String> = copy
-            .prepare("PRAGMA integrity_check")
-            .and_then(|mut stmt| {
-                stmt.query_map([], |r| r.get::<_, String>(0))?
+        // The pages were copied as they are, so damage in the copy is damage in the source: it is
+        // reported against the project's database, and marks it like any damage SQLite reports.
+        let problems: Vec<String> =
+            match copy.prepare("PRAGMA integrity_check").and_then(|mut s| {
+                s.query_map([], |r| r.get::<_, String>(0))?
                     .collect::<rusqlite::Result<Vec<String>>>()
-            })
-            .map_err(|e| map_err(tmp, "checking the backup", e))?;
-        if problems.iter().any(|p| p != "ok") {
+            }) {
+                Ok(rows) => rows.into_iter().filter(|r| r != "ok").collect(),
+                Err(rusqlite::Error::SqliteFailure(f, message))
+                    if matches!(f.code, ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) =>
+                {
+                    vec![message.unwrap_or_else(|| f.to_string())]
+                }
+                Err(e) => return Err(map_err(tmp, "checking the backup", e)),
+            };
+        if !problems.is_empty() {
+            let detail = format!(
+                "the backup copy fails PRAGMA integrity_check ({}), so this database is damaged; \
+                 no backup was written. Run `loopx doctor`, and restore from an earlier backup",
+                problems.join("; ")
+            );
+            mark_damaged(&self.path, &detail);
             return Err(LoopxError::Corrupt {
                 path: self.path.clone(),
-                detail: format!(
-                    "the backup copy fails PRAGMA integrity_check: {}; the source database is damaged (run `loopx doctor`)",
-                    problems.join("; ")
-                ),
+                detail,
             });
         }
         // A restored copy must run as the project's database does, in WAL mode (readers beside
