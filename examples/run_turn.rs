@@ -52,7 +52,12 @@ printf '{"schema_version":"loopx.turn_result.v1","status":"completed","summary":
         outcome.turn_key.as_deref().unwrap_or("-"),
         outcome.todo_id.as_deref().unwrap_or("-"),
         outcome.kind.map(|k| k.as_str()).unwrap_or("no turn"),
-        outcome.phases.join(" -> ")
+        outcome
+            .phases
+            .iter()
+            .map(|p| p.as_str())
+            .collect::<Vec<_>>()
+            .join(" -> ")
     );
     println!("spent: {}, lease: {:?}", outcome.spent, outcome.lease);
     let (todo, evidence) = kernel.todo("hello", outcome.todo_id.as_deref().unwrap_or("t1"))?;

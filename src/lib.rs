@@ -11,6 +11,7 @@ pub mod error;
 pub mod ids;
 pub mod inert;
 pub mod kernel;
+pub mod model;
 pub mod paths;
 pub mod plugin;
 pub mod registry;

@@ -10,7 +10,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::kernel::model::GoalStatus;
+use crate::model::GoalStatus;
 
 /// One goal as listed in the registry.
 #[derive(Debug, Clone, Serialize, PartialEq)]

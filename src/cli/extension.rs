@@ -12,7 +12,7 @@ use serde_json::json;
 use super::Context;
 use super::output::Output;
 use crate::error::Result;
-use crate::kernel::model::ExtensionRecord;
+use crate::model::ExtensionRecord;
 use crate::plugin::registry::{self, InstallMode, PluginHost, record_grants, record_manifest};
 use crate::plugin::{Kind, Limits, scaffold};
 

@@ -7,8 +7,8 @@ use super::Context;
 use super::output::Output;
 use crate::clock::now_ms;
 use crate::error::Result;
-use crate::kernel::model::GateScope;
 use crate::kernel::projection::todo_json;
+use crate::model::GateScope;
 
 #[derive(Debug, Subcommand)]
 #[command(defer = true)]

@@ -8,8 +8,8 @@ use super::{Context, opt};
 use crate::clock::rfc3339;
 use crate::error::Result;
 use crate::kernel::goal::NewGoal;
-use crate::kernel::model::{Goal, GoalStatus};
 use crate::kernel::projection::{goal_json, todo_json};
+use crate::model::{Goal, GoalStatus};
 
 #[derive(Debug, Subcommand)]
 #[command(defer = true)]

@@ -8,8 +8,8 @@ use super::goal::{create, goal_output, goals_output};
 use super::output::Output;
 use crate::error::Result;
 use crate::kernel::goal::NewGoal;
-use crate::kernel::model::GoalStatus;
 use crate::kernel::projection::goal_json;
+use crate::model::GoalStatus;
 
 #[derive(Debug, Subcommand)]
 #[command(defer = true)]

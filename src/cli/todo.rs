@@ -8,9 +8,9 @@ use super::{Context, opt};
 use crate::clock::{now_ms, rfc3339};
 use crate::error::Result;
 use crate::kernel::claim::{ClaimGrant, ClaimRequest, DEFAULT_TTL_SECONDS};
-use crate::kernel::model::{GateScope, Priority, Todo, TodoKind, TodoStatus};
 use crate::kernel::projection::{evidence_json, todo_json};
 use crate::kernel::todo::{NewTodo, TodoChange, TodoPatch};
+use crate::model::{GateScope, Priority, Todo, TodoKind, TodoStatus};
 
 /// How an agent proves it holds a todo's lease.
 #[derive(Debug, Args)]

@@ -7,7 +7,7 @@ use super::output::Output;
 use super::{Context, opt};
 use crate::clock::rfc3339;
 use crate::error::{Result, bad_input, conflict};
-use crate::turn::JournalStatus;
+use crate::model::{JournalStatus, Phase};
 use crate::turn::driver::{
     DEFAULT_TIMEOUT_SECONDS, TurnOutcome, TurnRequest, inspect, list_turns, plan, recover,
     refresh_projection, run_turn,
@@ -114,6 +114,14 @@ pub enum TurnCommand {
     },
 }
 
+fn phase_list(phases: &[Phase], separator: &str) -> String {
+    phases
+        .iter()
+        .map(|p| p.as_str())
+        .collect::<Vec<_>>()
+        .join(separator)
+}
+
 pub(crate) fn outcome_output(heading: &str, o: &TurnOutcome) -> Output {
     let value = serde_json::to_value(o).expect("outcomes serialize");
     let mut out = Output::new(json!({ "turn": value }))
@@ -125,7 +133,7 @@ pub(crate) fn outcome_output(heading: &str, o: &TurnOutcome) -> Output {
             ("route", o.route.to_string()),
             ("kind", opt(&o.kind)),
             ("status", opt(&o.status)),
-            ("phases", o.phases.join(" → ")),
+            ("phases", phase_list(&o.phases, " → ")),
             ("detail", o.detail.clone()),
             ("run", opt(&o.run_id)),
             ("spent", o.spent.to_string()),
@@ -223,7 +231,7 @@ pub fn run(ctx: &Context, cmd: TurnCommand) -> Result<Output> {
                         opt(&o.todo_id),
                         opt(&o.kind),
                         opt(&o.status),
-                        o.phases.join(","),
+                        phase_list(&o.phases, ","),
                     ]
                 })
                 .collect();
@@ -250,11 +258,13 @@ pub fn run(ctx: &Context, cmd: TurnCommand) -> Result<Output> {
                 .map(|t| {
                     vec![
                         t.turn_key.clone(),
-                        t.status.clone(),
+                        t.status.to_string(),
                         format!("{} / {}", t.goal_id, t.agent_id),
                         opt(&t.todo_id),
                         t.data["kind"].as_str().unwrap_or("-").to_string(),
-                        t.phases.last().cloned().unwrap_or_else(|| "-".into()),
+                        t.phases
+                            .last()
+                            .map_or_else(|| "-".into(), |p| p.to_string()),
                         rfc3339(t.updated_at),
                     ]
                 })
@@ -283,8 +293,8 @@ pub fn run(ctx: &Context, cmd: TurnCommand) -> Result<Output> {
                     format!("{} / {}", rec.goal_id, rec.agent_id),
                 ),
                 ("todo", opt(&rec.todo_id)),
-                ("status", rec.status.clone()),
-                ("phases", rec.phases.join(" → ")),
+                ("status", rec.status.to_string()),
+                ("phases", phase_list(&rec.phases, " → ")),
                 ("kind", d["kind"].as_str().unwrap_or("-").to_string()),
                 ("failure", d["failure"].as_str().unwrap_or("-").to_string()),
                 ("lease", d["lease"].as_str().unwrap_or("-").to_string()),

@@ -7,7 +7,6 @@
 
 use serde_json::json;
 
-use super::model::{GateScope, GoalStatus, Role, Run, TodoKind, TodoStatus};
 use super::todo::{NewTodo, add_evidence, authorize_write, complete_in_tx, insert_new_todo};
 use super::transition::{
     AdmissionReport, MAX_PROPOSAL_TEXT, MAX_PROPOSALS_PER_CALL, ProposalSource, Transition, Verdict,
@@ -16,6 +15,7 @@ use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
 use crate::error::{LoopxError, Result};
 use crate::ids::new_ulid;
+use crate::model::{GateScope, GoalStatus, Role, Run, TodoKind, TodoStatus};
 use crate::store::StoreTx;
 
 /// Why a proposal is refused; becomes the verdict's reason.
@@ -134,7 +134,7 @@ fn apply(
     }
     let goal_id = &source.goal_id;
     // Loads a todo of *this* goal; any other id (including another goal's todo) is refused.
-    let load = |todo_id: &str| -> Result<std::result::Result<super::model::Todo, Refusal>> {
+    let load = |todo_id: &str| -> Result<std::result::Result<crate::model::Todo, Refusal>> {
         if crate::ids::validate_token("todo id", todo_id).is_err() {
             return Ok(Err(format!("'{todo_id}' is not a valid todo id")));
         }
@@ -142,7 +142,7 @@ fn apply(
             .todo(goal_id, todo_id)?
             .ok_or_else(|| format!("no todo '{todo_id}' in goal '{goal_id}'")))
     };
-    let touch = |todo: &super::model::Todo,
+    let touch = |todo: &crate::model::Todo,
                  what: &str|
      -> Result<std::result::Result<(), Refusal>> {
         if todo.role == Role::User {

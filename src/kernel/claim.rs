@@ -8,12 +8,12 @@
 use serde::Serialize;
 use serde_json::json;
 
-use super::model::{Claim, GoalStatus, Role, Todo, TodoStatus};
 use super::todo::authorize_write;
 use super::{Actor, Kernel, LeaseProof, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input, conflict, not_found, refused};
 use crate::ids::{new_ulid, validate_token};
+use crate::model::{Claim, GoalStatus, Role, Todo, TodoStatus};
 use crate::store::StoreTx;
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30 * 60;

@@ -7,12 +7,12 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::model::{GoalStatus, Role, Todo, TodoStatus, wire_enum};
 use super::quota::{QuotaView, view_in_tx};
 use super::{Kernel, require_goal};
 use crate::clock::{now_ms, rfc3339};
 use crate::error::Result;
 use crate::ids::validate_token;
+use crate::model::{GoalStatus, Role, Todo, TodoStatus, wire_enum};
 use crate::store::StoreTx;
 
 pub const SHOULD_RUN_SCHEMA: &str = "loopx.should_run.v1";

@@ -5,11 +5,11 @@
 
 use serde_json::json;
 
-use super::model::{Goal, GoalStatus};
 use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input, conflict};
 use crate::ids::{slug, validate_token};
+use crate::model::{Goal, GoalStatus};
 
 /// What a caller supplies to create a goal.
 #[derive(Debug, Clone, Default)]

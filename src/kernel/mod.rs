@@ -9,7 +9,6 @@ pub mod admission;
 pub mod claim;
 pub mod decision;
 pub mod goal;
-pub mod model;
 pub mod projection;
 pub mod quota;
 pub mod run;
@@ -267,7 +266,7 @@ pub(crate) fn log_op(
 }
 
 /// Loads a goal or fails with exit 3 naming it.
-pub(crate) fn require_goal(tx: &dyn StoreTx, goal_id: &str) -> Result<model::Goal> {
+pub(crate) fn require_goal(tx: &dyn StoreTx, goal_id: &str) -> Result<crate::model::Goal> {
     crate::ids::validate_token("goal id", goal_id)?;
     tx.goal(goal_id)?.ok_or_else(|| {
         crate::error::not_found(format!(
@@ -277,7 +276,11 @@ pub(crate) fn require_goal(tx: &dyn StoreTx, goal_id: &str) -> Result<model::Goa
 }
 
 /// Loads a todo of a goal or fails with exit 3 naming both.
-pub(crate) fn require_todo(tx: &dyn StoreTx, goal_id: &str, todo_id: &str) -> Result<model::Todo> {
+pub(crate) fn require_todo(
+    tx: &dyn StoreTx,
+    goal_id: &str,
+    todo_id: &str,
+) -> Result<crate::model::Todo> {
     crate::ids::validate_token("todo id", todo_id)?;
     tx.todo(goal_id, todo_id)?.ok_or_else(|| {
         crate::error::not_found(format!(

@@ -28,11 +28,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use super::model::{Evidence, Goal, Role, Run, Todo, TodoStatus};
 use super::{Kernel, quota};
 use crate::clock::{Rfc3339, now_ms, rfc3339};
 use crate::error::{LoopxError, Result};
 use crate::inert::{self, md_block, md_code, md_inline};
+use crate::model::{Evidence, Goal, Role, Run, Todo, TodoStatus};
 use crate::store::{ProjectedTodo, StoreTx, TodoLines, TodoOrder};
 
 pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
@@ -758,7 +758,7 @@ fn state_markdown(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::model::{Claim, GateScope, Priority, TodoKind, TodoStatus};
+    use crate::model::{Claim, GateScope, Priority, TodoKind, TodoStatus};
 
     #[test]
     fn write_stamp_is_rewritten_in_place_and_covers_a_longer_one() {

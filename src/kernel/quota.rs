@@ -9,11 +9,11 @@ use std::ops::RangeInclusive;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::model::{LedgerEntry, LedgerKind, QuotaPolicy};
 use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input, not_found};
 use crate::ids::validate_token;
+use crate::model::{LedgerEntry, LedgerKind, QuotaPolicy};
 
 /// `allowed_slots` and `per_agent_cap`: 0 pauses automatic turns.
 pub const SLOT_COUNT: RangeInclusive<i128> = 0..=1_000_000;

@@ -8,13 +8,13 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::model::{Evidence, Goal, Reward, Run};
 use super::projection::GoalProjection;
 use super::quota::{QuotaView, view_in_tx};
 use super::{Actor, Kernel, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input, not_found};
 use crate::ids::{new_ulid, validate_token};
+use crate::model::{Evidence, Goal, Reward, Run};
 
 /// A `refresh-state` request: record a run for the goal and re-project its state files.
 #[derive(Debug, Clone, Default)]

@@ -6,11 +6,11 @@
 use serde::Serialize;
 
 use super::decision::installed_capabilities;
-use super::model::{Goal, GoalStatus, Role, Todo, TodoKind, TodoStatus};
 use super::quota::{QuotaView, view_in_tx};
 use super::{Kernel, require_goal};
 use crate::clock::now_ms;
 use crate::error::Result;
+use crate::model::{Goal, GoalStatus, Role, Todo, TodoKind, TodoStatus};
 use crate::store::StoreTx;
 
 /// One entry of the attention queue.
@@ -98,10 +98,10 @@ fn goal_status(
                 ("user_action", 3)
             };
             let scope = match &t.gate_scope {
-                Some(super::model::GateScope::BlocksAgent { agent_id }) => {
+                Some(crate::model::GateScope::BlocksAgent { agent_id }) => {
                     format!("blocks agent '{agent_id}'")
                 }
-                Some(super::model::GateScope::Global) => "blocks every agent".into(),
+                Some(crate::model::GateScope::Global) => "blocks every agent".into(),
                 None => "informs the operator".into(),
             };
             queue.push(item(

@@ -6,11 +6,11 @@
 
 use serde_json::json;
 
-use super::model::{Evidence, GateScope, Priority, Role, Todo, TodoKind, TodoStatus};
 use super::{Actor, Kernel, LeaseProof, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input, conflict, not_found, refused};
 use crate::ids::validate_token;
+use crate::model::{Evidence, GateScope, Priority, Role, Todo, TodoKind, TodoStatus};
 use crate::store::StoreTx;
 
 pub const MAX_TITLE: usize = 500;

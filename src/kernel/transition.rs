@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::model::{Priority, TodoKind};
+use crate::model::{Priority, TodoKind};
 
 /// Largest text a proposal may carry in any one field, in bytes.
 pub const MAX_PROPOSAL_TEXT: usize = 8 * 1024;

@@ -6,8 +6,8 @@
 //! and the one-to-one mapping of the WIT `transition` variant onto the kernel's `Transition` is
 //! written down (and exhaustively matched) exactly once.
 
-use crate::kernel::model::{Priority, TodoKind, TodoStatus};
 use crate::kernel::transition::Transition;
+use crate::model::{Priority, TodoKind, TodoStatus};
 
 use super::types::{Fact, GoalView, Observation, ObserveRequest, PluginInfo, TodoView};
 

@@ -18,8 +18,8 @@ use wasmtime::Engine;
 
 use crate::clock::now_ms;
 use crate::error::{LoopxError, Result, conflict, not_found};
-use crate::kernel::model::ExtensionRecord;
 use crate::kernel::{Actor, Kernel, log_op};
+use crate::model::ExtensionRecord;
 use crate::paths::ProjectPaths;
 use crate::store::ArtifactRecord;
 

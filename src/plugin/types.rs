@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::kernel::model::{Goal, Priority, Todo, TodoKind, TodoStatus};
+use crate::model::{Goal, Priority, Todo, TodoKind, TodoStatus};
 
 /// A key/value finding.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

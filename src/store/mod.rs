@@ -13,9 +13,9 @@ pub(crate) use sqlite::sync_directory;
 pub use sqlite::{DAMAGE_MARKER, damage_marker, mark_damaged};
 
 use crate::error::Result;
-use crate::kernel::model::{
+use crate::model::{
     Evidence, ExtensionRecord, Goal, GoalStatus, LedgerEntry, QuotaPolicy, Reward, Role, Run, Todo,
-    TodoStatus,
+    TodoStatus, TurnRecord,
 };
 
 /// One entry of the operation log: every committed kernel mutation appends exactly one, in the
@@ -39,28 +39,6 @@ pub struct ArtifactRecord {
     pub engine_key: String,
     pub artifact_sha256: String,
     pub recorded_at: i64,
-}
-
-/// A durable journal row for one agent turn (see `turn`), keyed by turn key.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub struct TurnRecord {
-    pub turn_key: String,
-    pub goal_id: String,
-    pub agent_id: String,
-    pub todo_id: Option<String>,
-    /// `in_progress`, `committed`, `stopped` or `failed`.
-    pub status: String,
-    /// Phases committed so far, in order.
-    pub phases: Vec<String>,
-    /// Everything the driver needs to resume: request, host result, verdicts, result kind.
-    pub data: serde_json::Value,
-    pub created_at: i64,
-    pub updated_at: i64,
-    /// Set when the stored `data` (or `phases`) column did not decode; `data` then holds the
-    /// stored text as a JSON string. One undecodable row must not fail every listing of the
-    /// journal: the turn driver settles such a row as failed and `doctor` reports it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_error: Option<String>,
 }
 
 /// Where a todo stands in the listing order of [`StoreTx::todos`] (priority, then creation).

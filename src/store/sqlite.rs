@@ -13,13 +13,12 @@ use rusqlite::{
 };
 
 use super::migrations::MIGRATIONS;
-use super::{
-    ArtifactRecord, OpRecord, ProjectedTodo, Store, StoreTx, TodoLines, TodoOrder, TurnRecord,
-};
+use super::{ArtifactRecord, OpRecord, ProjectedTodo, Store, StoreTx, TodoLines, TodoOrder};
 use crate::error::{LoopxError, Result, conflict};
-use crate::kernel::model::{
-    Claim, Evidence, ExtensionRecord, GateScope, Goal, GoalStatus, LedgerEntry, LedgerKind,
-    Priority, QuotaPolicy, Reward, Role, Run, Todo, TodoKind, TodoStatus,
+use crate::model::{
+    Claim, Evidence, ExtensionRecord, GateScope, Goal, GoalStatus, JournalStatus, LedgerEntry,
+    LedgerKind, Phase, Priority, QuotaPolicy, Reward, Role, Run, Todo, TodoKind, TodoStatus,
+    TurnRecord,
 };
 
 /// How long a writer waits for the write lock before reporting a conflict.
@@ -1245,7 +1244,7 @@ fn turn_from_row(row: &Row) -> rusqlite::Result<TurnRecord> {
     let (phases_text, phases_err) = lenient(5)?;
     let (data_text, data_err) = lenient(6)?;
     let phases = match phases_err.map_or_else(
-        || serde_json::from_str::<Vec<String>>(&phases_text).map_err(|e| e.to_string()),
+        || serde_json::from_str::<Vec<Phase>>(&phases_text).map_err(|e| e.to_string()),
         Err,
     ) {
         Ok(p) => Ok(p),
@@ -1258,10 +1257,13 @@ fn turn_from_row(row: &Row) -> rusqlite::Result<TurnRecord> {
         Ok(d) => Ok(d),
         Err(e) => Err(format!("data: {e}")),
     };
-    let (phases, data, data_error) = match (phases, data) {
-        (Ok(p), Ok(d)) => (p, d, None),
-        (p, d) => {
-            let why: Vec<String> = [p.as_ref().err(), d.as_ref().err()]
+    let status_text: String = row.get(4)?;
+    let status = JournalStatus::parse(&status_text)
+        .map_err(|_| format!("status: unknown journal status '{status_text}'"));
+    let (phases, data, data_error) = match (phases, data, &status) {
+        (Ok(p), Ok(d), Ok(_)) => (p, d, None),
+        (p, d, _) => {
+            let why: Vec<String> = [p.as_ref().err(), d.as_ref().err(), status.as_ref().err()]
                 .into_iter()
                 .flatten()
                 .cloned()
@@ -1278,7 +1280,9 @@ fn turn_from_row(row: &Row) -> rusqlite::Result<TurnRecord> {
         goal_id: row.get(1)?,
         agent_id: row.get(2)?,
         todo_id: row.get(3)?,
-        status: row.get(4)?,
+        // A status nobody wrote is settled like any undecodable row: recovery sees it unsettled
+        // and `data_error` says why.
+        status: status.unwrap_or(JournalStatus::InProgress),
         phases,
         data,
         created_at: row.get(7)?,
@@ -2324,7 +2328,7 @@ impl StoreTx for SqliteTx<'_> {
                     t.goal_id,
                     t.agent_id,
                     t.todo_id,
-                    t.status,
+                    t.status.as_str(),
                     to_json(&t.phases),
                     to_json(&t.data),
                     t.created_at,

@@ -36,13 +36,14 @@ use crate::ids::{new_ulid, validate_token};
 use crate::kernel::admission::admit_in_tx;
 use crate::kernel::claim::{ClaimRequest, MAX_TTL_SECONDS, claim_in_tx, release_in_tx};
 use crate::kernel::decision::{Decision, TurnRoute, WAIT_FOR_TURN_SECONDS, decide_in_tx};
-use crate::kernel::model::{Run, TodoStatus};
 use crate::kernel::quota::{SpendRequest, spend_in_tx};
 use crate::kernel::run::record_run_in_tx;
 use crate::kernel::todo::check_capability_name;
 use crate::kernel::transition::{ProposalSource, Transition, Verdict};
 use crate::kernel::{Actor, Kernel, LeaseProof, require_goal};
-use crate::store::{StoreTx, TurnRecord};
+use crate::model::TurnRecord;
+use crate::model::{Run, TodoStatus};
+use crate::store::StoreTx;
 
 pub const JOURNAL_SCHEMA: &str = "loopx.turn_journal.v1";
 pub const OUTCOME_SCHEMA: &str = "loopx.turn_outcome.v1";
@@ -194,7 +195,7 @@ pub struct TurnOutcome {
     pub todo_id: Option<String>,
     pub kind: Option<TurnResultKind>,
     pub status: Option<JournalStatus>,
-    pub phases: Vec<String>,
+    pub phases: Vec<Phase>,
     pub failed_phase: Option<Phase>,
     /// The host's summary, or what failed.
     pub detail: String,
@@ -264,7 +265,7 @@ impl TurnOutcome {
             turn_key: Some(rec.turn_key.clone()),
             todo_id: rec.todo_id.clone(),
             kind: data.kind,
-            status: JournalStatus::parse(&rec.status).ok(),
+            status: Some(rec.status),
             phases: rec.phases.clone(),
             failed_phase: data.failed_phase,
             detail,
@@ -476,7 +477,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
                 rec.goal_id, rec.agent_id
             )));
         }
-        if rec.status != JournalStatus::InProgress.as_str() {
+        if rec.status != JournalStatus::InProgress {
             return stored_outcome(kernel, key);
         }
         let Some(o) = recover_one(kernel, key)? else {
@@ -653,7 +654,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
             goal_id: req.goal_id.clone(),
             agent_id: req.agent_id.clone(),
             todo_id: Some(todo_id),
-            status: JournalStatus::InProgress.as_str().to_string(),
+            status: JournalStatus::InProgress,
             phases: Vec::new(),
             data: serde_json::to_value(&data).expect("journal data serializes"),
             created_at: now,
@@ -710,7 +711,7 @@ pub fn recover(
             Ok(Some(o)) => out.push(o),
             Ok(None) => {
                 let rec = inspect(kernel, &key)?;
-                if rec.status != JournalStatus::InProgress.as_str() {
+                if rec.status != JournalStatus::InProgress {
                     continue;
                 }
                 // In flight elsewhere with a row that does not decode: its driver (or the next
@@ -738,7 +739,7 @@ fn recover_one(kernel: &mut Kernel, turn_key: &str) -> Result<Option<TurnOutcome
     };
     let mut rec = inspect(kernel, turn_key)?;
     // A row that cannot be read back is settled as failed rather than blocking recovery.
-    if rec.status == JournalStatus::InProgress.as_str()
+    if rec.status == JournalStatus::InProgress
         && let Some(why) = super::journal_repair::undecodable_reason(&rec)
     {
         let o = super::journal_repair::settle_undecodable(kernel, &rec, &why);
@@ -746,7 +747,7 @@ fn recover_one(kernel: &mut Kernel, turn_key: &str) -> Result<Option<TurnOutcome
         return o.map(Some);
     }
     let mut data = journal_data(&rec)?;
-    if rec.status == JournalStatus::InProgress.as_str() {
+    if rec.status == JournalStatus::InProgress {
         data.recovered = true;
         // Whatever the dead driver's host left running is killed before the turn is settled.
         let killed = kill_turn_processes(turn_key);
@@ -768,7 +769,7 @@ fn recover_one(kernel: &mut Kernel, turn_key: &str) -> Result<Option<TurnOutcome
 /// The phase to run next, from the journal alone.
 fn next_phase(rec: &TurnRecord, data: &JournalData) -> Phase {
     let failed = data.kind.is_some_and(TurnResultKind::is_failure);
-    match rec.phases.last().and_then(|p| Phase::parse(p).ok()) {
+    match rec.phases.last().copied() {
         None => Phase::HostExecute,
         Some(Phase::HostExecute) => Phase::TypedResult,
         Some(Phase::TypedResult) if failed => Phase::TerminalCloseout,
@@ -801,19 +802,24 @@ fn commit_phase(
         let current = tx.turn(&rec.turn_key)?.ok_or_else(|| {
             not_found(format!("turn '{}' vanished from the journal", rec.turn_key))
         })?;
-        if current.status != JournalStatus::InProgress.as_str() || current.phases != rec.phases {
+        if current.status != JournalStatus::InProgress || current.phases != rec.phases {
             return Err(conflict(format!(
                 "turn '{}' was advanced by another process (now {} after [{}]); nothing was applied twice",
                 rec.turn_key,
                 current.status,
-                current.phases.join(", ")
+                current
+                    .phases
+                    .iter()
+                    .map(|p| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
         effects(tx, &mut next, now)?;
-        next_rec.phases.push(phase.as_str().to_string());
+        next_rec.phases.push(phase);
         if phase == Phase::TerminalCloseout {
             let kind = next.kind.unwrap_or(TurnResultKind::TerminalCloseoutFailed);
-            next_rec.status = kind.journal_status().as_str().to_string();
+            next_rec.status = kind.journal_status();
             next.settled_at = Some(now);
         }
         next.timings_us.insert(
@@ -981,7 +987,7 @@ fn advance(
     can_run_host: bool,
 ) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
-    while rec.status == JournalStatus::InProgress.as_str() {
+    while rec.status == JournalStatus::InProgress {
         let started = Instant::now();
         match next_phase(rec, data) {
             Phase::HostExecute if !can_run_host => {

@@ -31,7 +31,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use crate::error::{Result, bad_input, refused};
-use crate::kernel::model::wire_enum;
+use crate::model::wire_enum;
 
 wire_enum!(
     /// What `--isolation` asks for: `auto` isolates where the OS can and warns where it cannot,

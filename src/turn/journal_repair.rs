@@ -18,10 +18,10 @@ use crate::clock::now_ms;
 use crate::error::{Result, conflict, not_found};
 use crate::ids::new_ulid;
 use crate::kernel::claim::release_in_tx;
-use crate::kernel::model::Run;
 use crate::kernel::run::record_run_in_tx;
 use crate::kernel::{Actor, Kernel, LeaseProof};
-use crate::store::TurnRecord;
+use crate::model::Run;
+use crate::model::TurnRecord;
 
 /// Most bytes of the undecodable text kept in the settled row: enough to see what went wrong,
 /// never a copy of an arbitrarily large damaged column.
@@ -63,7 +63,7 @@ pub(crate) fn settle_undecodable(
         let current = tx.turn(&rec.turn_key)?.ok_or_else(|| {
             not_found(format!("turn '{}' vanished from the journal", rec.turn_key))
         })?;
-        if current.status != JournalStatus::InProgress.as_str() || current.phases != rec.phases {
+        if current.status != JournalStatus::InProgress || current.phases != rec.phases {
             return Err(conflict(format!(
                 "turn '{}' was advanced by another process; nothing was applied twice",
                 rec.turn_key
@@ -107,11 +107,7 @@ pub(crate) fn settle_undecodable(
         let kind = TurnResultKind::HostFailure;
         // `durable_writeback` commits the turn's run row with it; every other settled turn gets
         // exactly one here.
-        let run_id = if rec
-            .phases
-            .iter()
-            .any(|p| p == Phase::DurableWriteback.as_str())
-        {
+        let run_id = if rec.phases.contains(&Phase::DurableWriteback) {
             None
         } else {
             let run = Run {
@@ -182,9 +178,8 @@ pub(crate) fn settle_undecodable(
             ));
         }
         let mut next = current.clone();
-        next.phases
-            .push(Phase::TerminalCloseout.as_str().to_string());
-        next.status = JournalStatus::Failed.as_str().to_string();
+        next.phases.push(Phase::TerminalCloseout);
+        next.status = JournalStatus::Failed;
         next.data = data;
         next.data_error = None;
         next.updated_at = now;
@@ -210,7 +205,7 @@ pub fn undecodable_turns(kernel: &mut Kernel) -> Result<Vec<String>> {
         .iter()
         .filter_map(|rec| {
             undecodable_reason(rec).map(|why| {
-                let fix = if rec.status == JournalStatus::InProgress.as_str() {
+                let fix = if rec.status == JournalStatus::InProgress {
                     "; `loopx turn recover` settles it as failed"
                 } else {
                     ""

@@ -19,7 +19,7 @@ use crate::clock::now_ms;
 use crate::error::{Result, bad_input};
 use crate::kernel::Kernel;
 use crate::kernel::decision::TurnRoute;
-use crate::kernel::model::wire_enum;
+use crate::model::wire_enum;
 
 pub const LOOP_SCHEMA: &str = "loopx.loop_report.v1";
 

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::host::ProcessOutcome;
 use crate::kernel::admission::check_proposal;
-use crate::kernel::model::wire_enum;
 use crate::kernel::transition::Transition;
+use crate::model::wire_enum;
 
 pub const REQUEST_SCHEMA: &str = "loopx.turn_request.v1";
 pub const RESULT_SCHEMA: &str = "loopx.turn_result.v1";

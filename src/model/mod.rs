@@ -1,7 +1,13 @@
-//! The kernel's typed records: goals, todos, claims, evidence, runs, rewards, quota.
+//! LoopX's typed records: goals, todos, claims, evidence, runs, rewards, quota, extensions and
+//! the turn journal.
 //!
-//! These are plain data shared by the store (which persists them) and the kernel (which decides on
-//! them). Enums carry their wire spelling via serde so the JSON surface and the database agree.
+//! Plain data below both the store (which persists them) and the kernel and turn driver (which
+//! decide on them), so the store never depends on the kernel. Enums carry their wire spelling via
+//! serde so the JSON surface and the database agree.
+
+mod journal;
+
+pub use journal::{JournalStatus, Phase, TurnRecord, TurnResultKind};
 
 use serde::{Deserialize, Serialize};
 
