@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use loopx::kernel::model::{Priority, TodoKind, TodoStatus};
+use loopx::model::{Priority, TodoKind, TodoStatus};
 use loopx::plugin::cache::{ComponentCache, sha256_hex};
 use loopx::plugin::engine::engine;
 use loopx::plugin::manifest::{Kind, Limits};

@@ -6,9 +6,9 @@
 mod plugin_support;
 
 use loopx::kernel::claim::ClaimRequest;
-use loopx::kernel::model::{GateScope, TodoKind, TodoStatus};
 use loopx::kernel::todo::NewTodo;
 use loopx::kernel::{Actor, Kernel};
+use loopx::model::{GateScope, TodoKind, TodoStatus};
 use loopx::plugin::invoke::invoke_capability;
 use plugin_support::{Project, extension, repo, wasm};
 

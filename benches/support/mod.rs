@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use loopx::Kernel;
 use loopx::kernel::Actor;
 use loopx::kernel::goal::NewGoal;
-use loopx::kernel::model::{Priority, Role, Run, Todo, TodoKind, TodoStatus};
+use loopx::model::{Priority, Role, Run, Todo, TodoKind, TodoStatus};
 use loopx::paths::ProjectPaths;
 
 pub fn median(mut xs: Vec<Duration>) -> Duration {
