@@ -1,10 +1,10 @@
 //! The one error type every LoopX operation returns.
 //!
-//! Each variant maps to exactly one process exit code (DESIGN §7), so the CLI never has to guess how
-//! to classify a failure and scripts can branch on the code alone: 1 refused by policy, 2 bad input,
-//! 3 not found, 4 conflict (claim, fence, lease), 5 corrupt state, 6 the machine refused an I/O
-//! operation (disk full, read-only filesystem, permission denied). Messages name the thing and the
-//! fix.
+//! Each variant maps to exactly one process exit code (docs/cli.md, "Exit codes"), so the CLI never
+//! has to guess how to classify a failure and scripts can branch on the code alone: 1 refused by
+//! policy, 2 bad input, 3 not found, 4 conflict (claim, fence, lease), 5 corrupt state, 6 the
+//! machine refused an I/O operation (disk full, read-only filesystem, permission denied). Messages
+//! name the thing and the fix.
 
 use std::path::PathBuf;
 
@@ -48,7 +48,7 @@ pub enum LoopxError {
 }
 
 impl LoopxError {
-    /// The process exit code for this error (DESIGN §7).
+    /// The process exit code for this error (docs/cli.md, "Exit codes").
     pub fn exit_code(&self) -> i32 {
         match self {
             LoopxError::Refused(_) => 1,

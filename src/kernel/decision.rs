@@ -18,7 +18,7 @@ use crate::store::StoreTx;
 pub const SHOULD_RUN_SCHEMA: &str = "loopx.should_run.v1";
 
 wire_enum!(
-    /// What may happen before a host runs (DESIGN §5).
+    /// What may happen before a host runs (docs/turn-protocol.md, "Before the host: the route").
     TurnRoute {
         ReadyForHost => "ready_for_host",
         RepairRequired => "repair_required",
@@ -177,7 +177,7 @@ impl Decision {
         }
     }
 
-    /// The compact JSON packet of DESIGN §4.
+    /// The compact JSON packet `quota should-run` prints (docs/cli.md, "Quota and the decision").
     pub fn to_packet(&self) -> Value {
         let argv = self.next_cli_argv();
         let commands: Vec<String> = argv.iter().map(|a| shell_join(a)).collect();

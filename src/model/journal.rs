@@ -5,7 +5,7 @@
 use super::wire_enum;
 
 wire_enum!(
-    /// How a turn ended (DESIGN §5). Exactly one per settled turn.
+    /// How a turn ended (docs/turn-protocol.md, "Result kinds"). Exactly one per settled turn.
     TurnResultKind {
         ValidatedProgress => "validated_progress",
         ValidatedCompletion => "validated_completion",

@@ -1,10 +1,10 @@
 //! The WebAssembly plugin host: capabilities and providers as sandboxed components.
 //!
-//! Why this exists: it is how the capability/provider split of DESIGN §1 holds at run time rather
-//! than by convention. A capability is a component of the `capability` world (`wit/`) that can only
-//! return typed [`Transition`](crate::kernel::transition::Transition) proposals, which the kernel
-//! then admits or refuses; a provider is a component of the `provider` world that returns one
-//! bounded observation using only the WASI authority the operator granted.
+//! Why this exists: it is how the capability/provider split (docs/plugin-host.md) holds at run time
+//! rather than by convention. A capability is a component of the `capability` world (`wit/`) that
+//! can only return typed [`Transition`](crate::kernel::transition::Transition) proposals, which the
+//! kernel then admits or refuses; a provider is a component of the `provider` world that returns
+//! one bounded observation using only the WASI authority the operator granted.
 //!
 //! Modules, each small and single-purpose:
 //! * [`manifest`]: `extension.toml`, permissions, grants, limits.

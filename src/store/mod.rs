@@ -3,7 +3,7 @@
 //! The kernel decides; the store persists. Every kernel command runs inside exactly one store
 //! transaction (`begin_write` takes the write lock up front, like SQLite's `BEGIN IMMEDIATE`), so a
 //! command either happens completely or not at all. Keeping SQL behind this trait is what lets a
-//! PostgreSQL backend be an addition rather than a rewrite (DESIGN §2).
+//! PostgreSQL backend be an addition rather than a rewrite.
 
 mod migrations;
 mod sqlite;

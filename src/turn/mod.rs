@@ -1,4 +1,4 @@
-//! Bounded agent turns that survive any crash, and the loop around them (DESIGN §5).
+//! Bounded agent turns that survive any crash, and the loop around them (docs/turn-protocol.md).
 //!
 //! A turn is: decide → claim + journal (one transaction) → `host_execute → typed_result →
 //! validation → durable_writeback → quota_spend → terminal_closeout`, each phase committed to the
