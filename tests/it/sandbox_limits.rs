@@ -1,16 +1,14 @@
 //! Sandbox limits: each hostile capability behaviour fails with its own named error that names the
 //! plugin and the limit, and the database is byte-for-byte unchanged (nothing reaches admission).
 
-mod plugin_support;
-
+use crate::support::plugin::{Sandbox, extension, wasm};
 use loopx::plugin::invoke::{InvokeError, invoke_capability};
-use plugin_support::{Project, extension, wasm};
 
 const CAP: &str = "hostile/cap";
 
 /// A project with goal `g1` and the hostile capability installed with `limits`.
-fn setup(limits: &str, extra: &str) -> Project {
-    let mut p = Project::new();
+fn setup(limits: &str, extra: &str) -> Sandbox {
+    let mut p = Sandbox::new();
     p.goal("g1");
     let dir = extension(
         p.dir.path(),
@@ -28,7 +26,7 @@ fn setup(limits: &str, extra: &str) -> Project {
 
 /// Invokes the hostile capability and expects failure of `kind`; checks the database is unchanged
 /// and the message names the plugin and every `needles` item (the limit).
-fn expect_failure(p: &mut Project, payload: &str, kind: &str, needles: &[&str]) -> InvokeError {
+fn expect_failure(p: &mut Sandbox, payload: &str, kind: &str, needles: &[&str]) -> InvokeError {
     let before = p.fingerprint();
     let err = invoke_capability(
         &mut p.kernel,
@@ -65,7 +63,7 @@ fn expect_failure(p: &mut Project, payload: &str, kind: &str, needles: &[&str]) 
 
 /// Expects `payload` to fail with the 300 ms deadline, and the call to return well before the 60 s
 /// the guest would otherwise take.
-fn expect_deadline(p: &mut Project, payload: &str) {
+fn expect_deadline(p: &mut Sandbox, payload: &str) {
     let started = std::time::Instant::now();
     expect_failure(p, payload, "deadline", &["300 ms"]);
     assert!(
@@ -165,7 +163,7 @@ fn undeclared_provider_call_fails_the_call() {
 
 #[test]
 fn provider_call_budget_is_enforced() {
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     p.goal("g1");
     let data = p.dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
@@ -281,8 +279,8 @@ fn every_call_gets_a_fresh_instance_and_memory() {
 
 /// Hostile-cap (with `cap_limits`) that may call probe-provider (with `probe_limits`), which is
 /// granted `<project>/data`. Returns the project and the granted directory.
-fn cap_with_probe(cap_limits: &str, probe_limits: &str) -> (Project, std::path::PathBuf) {
-    let mut p = Project::new();
+fn cap_with_probe(cap_limits: &str, probe_limits: &str) -> (Sandbox, std::path::PathBuf) {
+    let mut p = Sandbox::new();
     p.goal("g1");
     let data = p.dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
@@ -332,7 +330,7 @@ fn release_fifo_after(fifo: std::path::PathBuf, delay: std::time::Duration) {
 
 /// The capability's 2 s deadline bounds the whole call, provider call included, within the
 /// documented slack (`DEADLINE_SLACK_MS`, plus scheduling noise on a busy machine).
-fn expect_capability_deadline(p: &mut Project, payload: &str) {
+fn expect_capability_deadline(p: &mut Sandbox, payload: &str) {
     let started = std::time::Instant::now();
     let err = expect_failure(p, payload, "deadline", &["2000 ms"]);
     let took = started.elapsed();

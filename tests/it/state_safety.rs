@@ -1,9 +1,7 @@
 //! Bad input and damaged files: clear errors with documented exit codes, and state left exactly as
 //! it was. Also the pure-read guarantee of `quota should-run` and the operator-only writes.
 
-mod cli_support;
-
-use cli_support::Project;
+use crate::support::Project;
 
 fn seeded() -> (Project, String) {
     let p = Project::new();

@@ -1,11 +1,9 @@
 //! SIGKILL at random points of mutating commands, 200 times: the database always opens, passes
 //! `PRAGMA integrity_check`, and every command that reported success is visible afterwards.
 
-mod cli_support;
-
 use std::time::Duration;
 
-use cli_support::{Project, to_run};
+use crate::support::{Project, to_run};
 
 /// A small deterministic generator so a failure reproduces with the same kill schedule.
 struct Lcg(u64);

@@ -3,9 +3,7 @@
 //! range, no echo of the value, and no change to the project (issue 13, section 6). The list of
 //! flags is checked for completeness against the clap tree by `cli::flags::tests`.
 
-mod turn_support;
-
-use turn_support::Project;
+use crate::support::Project;
 
 /// One numeric flag: the command before it, the flag, what follows it (required arguments and
 /// the host argv), the range text the message must show, and the values to refuse.

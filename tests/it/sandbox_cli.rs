@@ -2,18 +2,15 @@
 //! `extension install` → `capability invoke` (dry run, then for real), `provider call`, the
 //! extension lifecycle, and a sandbox failure's exit code and message.
 
-mod cli_support;
-mod plugin_support;
-
 use std::path::Path;
 use std::process::Command;
 
-use cli_support::Run;
-use plugin_support::{extension, repo, wasm};
+use crate::support::Run;
+use crate::support::plugin::{extension, repo, wasm};
 use serde_json::Value;
 
 fn run(cwd: &Path, args: &[&str]) -> Run {
-    let mut cmd = Command::new(cli_support::loopx_bin());
+    let mut cmd = Command::new(crate::support::loopx_bin());
     cmd.args(args).current_dir(cwd);
     for k in [
         "LOOPX_ROOT",
@@ -23,7 +20,7 @@ fn run(cwd: &Path, args: &[&str]) -> Run {
     ] {
         cmd.env_remove(k);
     }
-    cli_support::to_run(cmd.output().unwrap())
+    crate::support::to_run(cmd.output().unwrap())
 }
 
 fn todo_list(dir: &Path, goal: &str) -> Value {

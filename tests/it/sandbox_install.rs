@@ -1,15 +1,13 @@
 //! Install-time refusals, tamper detection and the extension lifecycle. A refused install records
 //! nothing and leaves no files; a tampered component never loads.
 
-mod plugin_support;
-
+use crate::support::plugin::{Sandbox, extension, wasm};
 use loopx::plugin::invoke::invoke_capability;
 use loopx::plugin::registry::{remove, rollback, set_enabled};
 use loopx::plugin::{InstallMode, PluginError};
-use plugin_support::{Project, extension, wasm};
 
 fn assert_refused_install(
-    p: &mut Project,
+    p: &mut Sandbox,
     dir: &std::path::Path,
     grants: &[&str],
     needles: &[&str],
@@ -43,7 +41,7 @@ fn assert_refused_install(
 
 /// [`assert_refused_install`] for a refusal the import audit makes: it must cost no compile.
 fn assert_refused_before_compile(
-    p: &mut Project,
+    p: &mut Sandbox,
     dir: &std::path::Path,
     grants: &[&str],
     needles: &[&str],
@@ -59,7 +57,7 @@ fn assert_refused_before_compile(
 }
 
 /// The `.cwasm` files in the project's component cache.
-fn artifacts(p: &Project) -> Vec<String> {
+fn artifacts(p: &Sandbox) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(p.paths().component_cache_dir())
         .map(|d| {
             d.flatten()
@@ -87,8 +85,8 @@ fn loopx(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
 
 /// A project with hostile-cap installed as `hostile/cap` and issue-fix as `issue-fix/issue-fix`,
 /// both capabilities, so one's artifact can stand in for the other's.
-fn two_capabilities() -> (Project, String, String) {
-    let mut p = Project::new();
+fn two_capabilities() -> (Sandbox, String, String) {
+    let mut p = Sandbox::new();
     p.goal("g1");
     let dir = extension(
         p.dir.path(),
@@ -103,7 +101,10 @@ fn two_capabilities() -> (Project, String, String) {
     let hostile = p.install(&dir, &[]).unwrap().components[0].sha256.clone();
     wasm("issue-fix");
     let other = p
-        .install(&plugin_support::repo().join("extensions/issue-fix"), &[])
+        .install(
+            &crate::support::plugin::repo().join("extensions/issue-fix"),
+            &[],
+        )
         .unwrap()
         .components[0]
         .sha256
@@ -113,7 +114,7 @@ fn two_capabilities() -> (Project, String, String) {
 
 #[test]
 fn provider_importing_sockets_fails_to_install() {
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     let dir = extension(
         p.dir.path(),
         "net",
@@ -131,7 +132,7 @@ fn provider_importing_sockets_fails_to_install() {
 
 #[test]
 fn provider_using_the_filesystem_without_a_grant_fails_to_install() {
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     let dir = extension(
         p.dir.path(),
         "probe",
@@ -152,7 +153,7 @@ fn provider_using_the_filesystem_without_a_grant_fails_to_install() {
 
 #[test]
 fn capability_importing_the_filesystem_fails_to_install() {
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     let dir = extension(
         p.dir.path(),
         "fscap",
@@ -177,7 +178,7 @@ fn capability_importing_the_filesystem_fails_to_install() {
 
 #[test]
 fn provider_component_declared_as_capability_fails_to_install() {
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     let dir = extension(
         p.dir.path(),
         "wrong",
@@ -193,7 +194,7 @@ fn provider_component_declared_as_capability_fails_to_install() {
 
 #[test]
 fn grant_that_was_not_declared_is_bad_input() {
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     let data = p.dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
     let dir = extension(
@@ -217,7 +218,7 @@ fn grant_that_was_not_declared_is_bad_input() {
 
 #[test]
 fn incompatible_api_range_is_refused() {
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     let dir = extension(
         p.dir.path(),
         "old",
@@ -238,7 +239,7 @@ fn incompatible_api_range_is_refused() {
 
 #[test]
 fn tampered_component_fails_to_load() {
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     p.goal("g1");
     let dir = extension(
         p.dir.path(),
@@ -279,7 +280,7 @@ fn tampered_component_fails_to_load() {
 
 #[test]
 fn tampered_compiled_artifact_fails_to_load() {
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     p.goal("g1");
     let dir = extension(
         p.dir.path(),
@@ -314,7 +315,7 @@ fn tampered_compiled_artifact_fails_to_load() {
 
 #[test]
 fn lifecycle_install_disable_upgrade_rollback_remove() {
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     p.goal("g1");
     let dir = extension(
         p.dir.path(),
@@ -413,11 +414,14 @@ fn plugin_error_kinds_are_distinct() {
 fn planted_artifact_is_never_reused_by_install() {
     // Compile issue-fix in this project, then plant its artifact (with a matching sidecar digest,
     // which was all the old cache checked) under the name hostile-cap's artifact will have.
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     p.goal("g1");
     wasm("issue-fix");
     let other = p
-        .install(&plugin_support::repo().join("extensions/issue-fix"), &[])
+        .install(
+            &crate::support::plugin::repo().join("extensions/issue-fix"),
+            &[],
+        )
         .unwrap();
     let other_artifact = p.host.cache().artifact_path(&other.components[0].sha256);
     let hostile_wasm = std::fs::read(wasm("hostile-cap")).unwrap();
@@ -596,7 +600,7 @@ fn deleted_artifact_is_recompiled_from_the_verified_component_and_recorded() {
 
 #[test]
 fn grants_of_directories_holding_or_inside_loopx_state_are_refused() {
-    let mut p = Project::new();
+    let mut p = Sandbox::new();
     let dir = extension(
         p.dir.path(),
         "probe",

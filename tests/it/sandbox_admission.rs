@@ -3,17 +3,15 @@
 //! a dry run writes nothing; and the first-party issue-fix capability, fed by the fs-observe
 //! provider, plans failing tests as a feasibility → patch → checks → review chain with evidence.
 
-mod plugin_support;
-
+use crate::support::plugin::{Sandbox, extension, repo, wasm};
 use loopx::kernel::claim::ClaimRequest;
 use loopx::kernel::todo::NewTodo;
 use loopx::kernel::{Actor, Kernel};
 use loopx::model::{GateScope, TodoKind, TodoStatus};
 use loopx::plugin::invoke::invoke_capability;
-use plugin_support::{Project, extension, repo, wasm};
 
-fn with_hostile() -> Project {
-    let mut p = Project::new();
+fn with_hostile() -> Sandbox {
+    let mut p = Sandbox::new();
     p.goal("g1");
     let dir = extension(
         p.dir.path(),
@@ -37,7 +35,7 @@ fn todo(kernel: &mut Kernel, goal: &str, id: &str) {
 
 /// Invokes the hostile capability as agent `me` with `payload`; expects every proposal refused
 /// with a reason containing `needle`, goal state unchanged, and the refusal in the run log.
-fn expect_refused(p: &mut Project, payload: &str, needle: &str) {
+fn expect_refused(p: &mut Sandbox, payload: &str, needle: &str) {
     let before = p.state_fingerprint();
     let out = invoke_capability(
         &mut p.kernel,
@@ -116,8 +114,8 @@ fn closing_a_gate_is_refused() {
     assert_ne!(g.status, TodoStatus::Completed);
 }
 
-fn with_issue_fix(results: &str) -> Project {
-    let mut p = Project::new();
+fn with_issue_fix(results: &str) -> Sandbox {
+    let mut p = Sandbox::new();
     p.goal("g1");
     let ws = p.dir.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
@@ -255,7 +253,7 @@ fn issue_fix_with_a_green_suite_proposes_no_change() {
 }
 
 /// Invokes the hostile capability as agent `me` and returns how many proposals were accepted.
-fn accepted(p: &mut Project, payload: &str) -> usize {
+fn accepted(p: &mut Sandbox, payload: &str) -> usize {
     let out = invoke_capability(
         &mut p.kernel,
         &p.host,

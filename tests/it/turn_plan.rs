@@ -1,9 +1,7 @@
 //! `loopx turn plan`: the route before any host runs, with its reason and selected todo, and no
 //! writes.
 
-mod turn_support;
-
-use turn_support::{Project, turn_run};
+use crate::support::{Project, turn_run};
 
 fn plan(p: &Project, agent: &str) -> serde_json::Value {
     p.json(&["turn", "plan", "--goal-id", "g", "--agent-id", agent])["plan"].clone()
@@ -85,7 +83,7 @@ fn named_turn_keys_replay_and_unknown_keys_are_not_found() {
     let p = Project::with_goal_g();
     p.add_work("t1");
     p.add_work("t2");
-    let host = p.script("host.sh", &turn_support::result_host("progress"));
+    let host = p.script("host.sh", &crate::support::result_host("progress"));
     let args = [
         "turn",
         "run",

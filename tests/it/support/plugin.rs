@@ -1,10 +1,10 @@
 //! Shared helpers for the plugin-host test suites (`tests/sandbox_*.rs`).
 //!
 //! Building guests: [`wasm`] builds every guest component (first-party extensions and the hostile
-//! guests under `tests/guests/`) once per test binary, guarded by a `OnceLock`, with
+//! guests under `tests/guests/`) once per test process, guarded by a `OnceLock`, with
 //! `cargo build --release --target wasm32-wasip2 -p ...` into the workspace target directory
 //! (`$CARGO_TARGET_DIR` or `<repo>/target`, subdirectory `wasm32-wasip2/release`). Several test
-//! binaries running at once do not fight: cargo itself serializes builds on the target directory's
+//! processes running at once do not fight: cargo itself serializes builds on the target directory's
 //! file lock ("Blocking waiting for file lock"), and a build that finds everything up to date is a
 //! no-op. Built `.wasm` files are never committed.
 //!
@@ -12,10 +12,9 @@
 //! itself or one whose digest its own registry recorded, so a copied-in artifact would be exactly
 //! the planted file `tests/sandbox_install.rs` proves is never used. Each project's installs compile.
 //!
-//! Projects: [`Project::new`] initializes a fresh `.loopx/` in a temporary directory and opens the
-//! kernel and plugin host on it. [`Project::fingerprint`] hashes everything the database holds
-//! (goals, todos, evidence, runs, operation log, extensions) so a test can assert "unchanged".
-#![allow(dead_code)]
+//! Projects: [`Sandbox::new`] initializes a fresh `.loopx/` in a temporary directory and opens the
+//! kernel and plugin host on it. [`Sandbox::fingerprint`] is every row of every table the database
+//! holds, so a test can assert "unchanged".
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,7 +24,8 @@ use loopx::kernel::goal::NewGoal;
 use loopx::kernel::{Actor, Kernel};
 use loopx::paths::ProjectPaths;
 use loopx::plugin::{InstallMode, InstallReport, PluginHost};
-use sha2::{Digest, Sha256};
+
+use super::Project;
 
 /// Every guest package the suites use.
 pub const GUESTS: &[&str] = &[
@@ -72,23 +72,37 @@ pub fn wasm(package: &str) -> PathBuf {
     p
 }
 
-/// A temporary project with an open kernel and plugin host.
-pub struct Project {
-    pub dir: tempfile::TempDir,
+/// A [`Project`] with the kernel and plugin host open in this process: the plugin suites call the
+/// library directly; the CLI methods of [`Project`] work on the same directory through `Deref`.
+pub struct Sandbox {
+    pub project: Project,
     pub kernel: Kernel,
     pub host: PluginHost,
 }
 
-impl Project {
-    pub fn new() -> Project {
-        let dir = tempfile::tempdir().unwrap();
-        let kernel = Kernel::init(dir.path()).unwrap().expect("fresh project");
-        let host = PluginHost::for_project(&ProjectPaths::at(dir.path()));
-        Project { dir, kernel, host }
+impl std::ops::Deref for Sandbox {
+    type Target = Project;
+    fn deref(&self) -> &Project {
+        &self.project
+    }
+}
+
+impl Sandbox {
+    pub fn new() -> Sandbox {
+        let project = Project::empty();
+        let kernel = Kernel::init(project.path())
+            .unwrap()
+            .expect("fresh project");
+        let host = PluginHost::for_project(&ProjectPaths::at(project.path()));
+        Sandbox {
+            project,
+            kernel,
+            host,
+        }
     }
 
     pub fn paths(&self) -> ProjectPaths {
-        ProjectPaths::at(self.dir.path())
+        ProjectPaths::at(self.path())
     }
 
     /// Creates goal `id` with a title.
@@ -114,42 +128,18 @@ impl Project {
             .install(&mut self.kernel, dir, &grants, dir, InstallMode::Install)
     }
 
-    /// A hash of everything the database holds.
+    /// Every row of every table of the database ([`Project::db_dump`]): what "nothing changed"
+    /// compares.
     pub fn fingerprint(&mut self) -> String {
-        let dump = self
-            .kernel
-            .read(|tx| {
-                let mut v = Vec::new();
-                for g in tx.goals()? {
-                    v.push(serde_json::to_value(&g).unwrap());
-                    v.push(serde_json::to_value(tx.todos(&g.id)?).unwrap());
-                    v.push(serde_json::to_value(tx.recent_evidence(&g.id, 100_000)?).unwrap());
-                    v.push(serde_json::to_value(tx.runs(&g.id, 100_000, None)?).unwrap());
-                }
-                v.push(serde_json::to_value(tx.ops(None, 100_000)?).unwrap());
-                v.push(serde_json::to_value(tx.extensions()?).unwrap());
-                Ok(serde_json::to_string(&v).unwrap())
-            })
-            .unwrap();
-        hex::encode(Sha256::digest(dump.as_bytes()))
+        self.project.db_dump(None)
     }
 
-    /// A hash of goal state only (goals, todos, evidence): what a refused proposal must not change
-    /// (admission still records the refusal in the run log, by design).
+    /// Goal state only (goals, todos, their dependencies, evidence): what a refused proposal must
+    /// not change (admission still records the refusal in the run log and the operation log, by
+    /// design).
     pub fn state_fingerprint(&mut self) -> String {
-        let dump = self
-            .kernel
-            .read(|tx| {
-                let mut v = Vec::new();
-                for g in tx.goals()? {
-                    v.push(serde_json::to_value(&g).unwrap());
-                    v.push(serde_json::to_value(tx.todos(&g.id)?).unwrap());
-                    v.push(serde_json::to_value(tx.recent_evidence(&g.id, 100_000)?).unwrap());
-                }
-                Ok(serde_json::to_string(&v).unwrap())
-            })
-            .unwrap();
-        hex::encode(Sha256::digest(dump.as_bytes()))
+        self.project
+            .db_dump(Some(&["goals", "todos", "todo_deps", "evidence"]))
     }
 }
 

@@ -3,12 +3,10 @@
 //! exactly once: one spend row, the evidence once, the host never re-run, the lease held until
 //! recovery and released (or cleared by completion) after it, and a second recover is a no-op.
 
-mod turn_support;
-
 use std::os::unix::process::ExitStatusExt;
 
+use crate::support::{Project, result_host, turn_run};
 use serde_json::Value;
-use turn_support::{Project, result_host, turn_run};
 
 /// Runs a validated completion turn that dies after `point`; returns the project and turn key.
 fn crashed_turn(point: &str) -> (Project, String) {
@@ -292,12 +290,12 @@ fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
     };
     let (host_pid, bg_pid) = (read("host.pid"), read("child.pid"));
     let t1 = Instant::now();
-    while turn_support::alive(host_pid) && t1.elapsed() < Duration::from_secs(5) {
+    while crate::support::alive(host_pid) && t1.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(!turn_support::alive(host_pid), "host survived loopx");
+    assert!(!crate::support::alive(host_pid), "host survived loopx");
     assert!(
-        turn_support::alive(bg_pid),
+        crate::support::alive(bg_pid),
         "precondition: the host's child is orphaned"
     );
     assert_eq!(p.todo_status("t1"), "claimed", "lease kept until recovery");
@@ -306,7 +304,7 @@ fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
     assert_eq!(turns[0]["kind"], "host_failure");
     std::thread::sleep(Duration::from_millis(200));
     assert!(
-        !turn_support::alive(bg_pid),
+        !crate::support::alive(bg_pid),
         "recovery kills what the turn left running"
     );
     let j = p.journal(turns[0]["turn_key"].as_str().unwrap());
@@ -333,11 +331,11 @@ fn sigkill_of_loopx_kills_an_isolated_host_and_its_children_at_once() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(
-        turn_support::processes_in(p.path()).len() >= 3,
+        crate::support::processes_in(p.path()).len() >= 3,
         "precondition: the host and its children run"
     );
     child.kill().unwrap();
     child.wait().unwrap();
-    let left = turn_support::wait_until_gone(p.path(), Duration::from_secs(2));
+    let left = crate::support::wait_until_gone(p.path(), Duration::from_secs(2));
     assert!(left.is_empty(), "processes outlived the driver: {left:?}");
 }

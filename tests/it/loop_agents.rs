@@ -1,13 +1,11 @@
 //! `loopx loop`: two agents looping on one goal in parallel never work the same todo; a user gate
 //! stops exactly the agents it scopes; SIGTERM settles the turn in flight and stops the loop.
 
-mod turn_support;
-
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::support::{Project, turn_run};
 use serde_json::Value;
-use turn_support::{Project, turn_run};
 
 /// Host: logs "<agent> <todo>", works a little, completes its todo.
 const WORKER: &str = r#"cat >/dev/null
@@ -315,7 +313,7 @@ fn sigint_settles_the_turn_in_flight_and_stops() {
     assert_eq!(turns.len(), 1, "no new turn after the signal");
     assert_eq!(turns[0]["kind"], "host_failure");
     assert_eq!(turns[0]["status"], "failed");
-    let left = turn_support::wait_until_gone(p.path(), Duration::from_secs(2));
+    let left = crate::support::wait_until_gone(p.path(), Duration::from_secs(2));
     assert!(left.is_empty(), "the host survived the interrupt: {left:?}");
     assert_eq!(p.todo_status("t1"), "open", "lease released");
     assert!(

@@ -3,13 +3,10 @@
 //! does not fail the turn unless every proposal was refused; a WebAssembly capability is called
 //! through the plugin host, and its failure is `writeback_failed` with nothing admitted.
 
-mod plugin_support;
-mod turn_support;
-
+use crate::support::{Project, plugin, turn_run};
 use loopx::kernel::Actor;
 use loopx::kernel::todo::NewTodo;
 use serde_json::Value;
-use turn_support::{Project, turn_run};
 
 fn host_printing(p: &Project, result: &str) -> String {
     p.script(
@@ -158,14 +155,14 @@ fn repair_and_replan_claims_map_to_kernel_transitions() {
 /// is `writeback_failed`: nothing admitted, nothing spent, the lease released.
 #[test]
 fn wasm_capability_failure_is_writeback_failed() {
-    let mut pp = plugin_support::Project::new();
+    let mut pp = plugin::Sandbox::new();
     pp.goal("g");
-    let dir = plugin_support::extension(
+    let dir = plugin::extension(
         pp.dir.path(),
         "hostile",
         "capability",
         "cap",
-        &plugin_support::wasm("hostile-cap"),
+        &plugin::wasm("hostile-cap"),
         &[],
         "",
         "",
@@ -176,15 +173,11 @@ fn wasm_capability_failure_is_writeback_failed() {
     t.capability = Some("hostile/cap".into());
     pp.kernel.add_todo(&Actor::Operator, "g", t).unwrap();
     // Drive it through the CLI, on the same project.
-    let p = Project {
-        dir: tempfile::TempDir::new_in(pp.dir.path()).unwrap(),
-    };
-    let root = pp.dir.path().to_str().unwrap();
-    let host = p.script(
+    let host = pp.script(
         "host.sh",
         "cat >/dev/null\nprintf '{\"schema_version\":\"loopx.turn_result.v1\",\"status\":\"progress\",\"evidence\":[{\"text\":\"x\"}]}'\n",
     );
-    let v = turn_run_at(root, &host);
+    let v = pp.json(&turn_run("a1", &[], &[&host]));
     let t = &v["turn"];
     assert_eq!(t["kind"], "writeback_failed", "{t}");
     let detail = t["detail"].as_str().unwrap();
@@ -205,7 +198,7 @@ fn wasm_capability_failure_is_writeback_failed() {
 /// the proposals it makes are admitted in the turn's writeback.
 #[test]
 fn wasm_capability_proposals_are_admitted_in_writeback() {
-    let mut pp = plugin_support::Project::new();
+    let mut pp = plugin::Sandbox::new();
     pp.goal("g");
     let ws = pp.dir.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
@@ -214,32 +207,26 @@ fn wasm_capability_proposals_are_admitted_in_writeback() {
         "test parser::empty_input ... FAILED\ntest parser::nested ... ok\n",
     )
     .unwrap();
-    plugin_support::wasm("fs-observe");
-    plugin_support::wasm("issue-fix");
+    plugin::wasm("fs-observe");
+    plugin::wasm("issue-fix");
     let grant = format!("fs.read:workspace={}", ws.display());
-    pp.install(
-        &plugin_support::repo().join("extensions/fs-observe"),
-        &[&grant],
-    )
-    .unwrap();
-    pp.install(&plugin_support::repo().join("extensions/issue-fix"), &[])
+    pp.install(&plugin::repo().join("extensions/fs-observe"), &[&grant])
+        .unwrap();
+    pp.install(&plugin::repo().join("extensions/issue-fix"), &[])
         .unwrap();
     let mut t = NewTodo::task("triage the failing tests");
     t.id = Some("triage".into());
     t.capability = Some("issue-fix/issue-fix".into());
     pp.kernel.add_todo(&Actor::Operator, "g", t).unwrap();
 
-    let p = Project {
-        dir: tempfile::TempDir::new_in(pp.dir.path()).unwrap(),
-    };
-    let host = p.script(
+    let host = pp.script(
         "host.sh",
         r#"cat >/dev/null
 printf '%s' '{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"ran the suite",
   "observations":[{"kind":"capability_payload","data":"issue = Parser crashes on empty input\nresults = test-results.txt"}]}'
 "#,
     );
-    let v = turn_run_at(pp.dir.path().to_str().unwrap(), &host);
+    let v = pp.json(&turn_run("a1", &[], &[&host]));
     let turn = &v["turn"];
     assert_eq!(turn["kind"], "validated_progress", "{turn}");
     assert_eq!(turn["spent"], true);
@@ -256,23 +243,4 @@ printf '%s' '{"schema_version":"loopx.turn_result.v1","status":"progress","summa
     assert_eq!(wb["call"]["provider_calls"][0]["outcome"], "ok");
     let (triage, _) = pp.kernel.todo("g", "triage").unwrap();
     assert!(triage.claim.is_none(), "lease released");
-}
-
-/// `turn run` as agent a1 on goal `g` of the project at `root` (a plugin-host project, not a
-/// `turn_support::Project`), required to succeed; its JSON output.
-fn turn_run_at(root: &str, host: &str) -> Value {
-    let mut args = vec!["--root", root, "--format", "json"];
-    args.extend(turn_run("a1", &[], &[host]));
-    let out = std::process::Command::new(turn_support::cli_support::loopx_bin())
-        .args(&args)
-        .env_remove("LOOPX_AGENT_ID")
-        .env_remove("LOOPX_TURN_KEY")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }

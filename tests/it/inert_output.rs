@@ -4,15 +4,11 @@
 //! none of it may carry a raw escape, C1 control, bidi override, carriage return or backspace, nor
 //! open Markdown structure that hides text. JSON output and the JSON projections keep it exactly.
 
-mod plugin_support;
-#[path = "turn_support/mod.rs"]
-mod turn_support;
-
 use std::path::Path;
 
-use plugin_support::{extension, wasm};
+use crate::support::plugin::{extension, wasm};
+use crate::support::{Project, turn_run};
 use serde_json::Value;
-use turn_support::{Project, turn_run};
 
 /// Retitles the terminal, clears the screen, turns on concealed text, starts a C1 CSI, reverses
 /// the line (RLO), isolates it (RLI), returns the cursor, backspaces, and opens an HTML comment

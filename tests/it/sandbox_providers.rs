@@ -2,23 +2,21 @@
 //! read-only unless write was granted. Escapes via `..`, symlinks and absolute paths, ungranted env
 //! vars and writes to read-only grants are refused; the database is unchanged in every case.
 
-mod plugin_support;
-
 use std::path::PathBuf;
 
+use crate::support::plugin::{Sandbox, extension, wasm};
 use loopx::plugin::ObserveRequest;
 use loopx::plugin::invoke::{InvokeError, call_provider};
-use plugin_support::{Project, extension, wasm};
 
 /// A project with a `granted/` directory (holding `ok.txt` and a symlink `link` to `../secret.txt`)
 /// and the probe provider installed as `probe/p` with `grants`.
-fn setup(permissions: &[&str], grants: &[&str]) -> (Project, PathBuf) {
+fn setup(permissions: &[&str], grants: &[&str]) -> (Sandbox, PathBuf) {
     setup_with_limits(permissions, grants, "")
 }
 
 /// [`setup`] with `[provides.limits]` set to `limits`.
-fn setup_with_limits(permissions: &[&str], grants: &[&str], limits: &str) -> (Project, PathBuf) {
-    let mut p = Project::new();
+fn setup_with_limits(permissions: &[&str], grants: &[&str], limits: &str) -> (Sandbox, PathBuf) {
+    let mut p = Sandbox::new();
     let root = p.dir.path().to_path_buf();
     let granted = root.join("granted");
     std::fs::create_dir_all(&granted).unwrap();
@@ -53,7 +51,7 @@ fn req(op: &str, target: &str) -> ObserveRequest {
     }
 }
 
-fn refused(p: &mut Project, op: &str, target: &str) -> InvokeError {
+fn refused(p: &mut Sandbox, op: &str, target: &str) -> InvokeError {
     let before = p.fingerprint();
     let err = call_provider(&mut p.kernel, &p.host, "probe/p", &req(op, target))
         .expect_err(&format!("{op} {target} must be refused"));

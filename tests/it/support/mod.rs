@@ -1,6 +1,13 @@
-//! Shared helpers for tests that drive the real `loopx` binary against a temporary project. The
-//! turn and loop tests add theirs on top (`tests/turn_support`).
+//! The one project helper of the integration tests: [`Project`] drives the real `loopx` binary
+//! against a temporary project. The turn and loop tests add theirs on top ([`turn`]); the plugin
+//! suites wrap a [`Project`] with an in-process kernel and plugin host ([`plugin::Sandbox`]).
+// Not every module uses every helper.
 #![allow(dead_code)]
+
+pub mod plugin;
+pub mod turn;
+
+pub use turn::{alive, processes_in, result_host, turn_run, wait_until_gone};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -159,6 +166,68 @@ impl Project {
                         .to_string();
                     out.insert(rel, hex::encode(Sha256::digest(&bytes)));
                 }
+            }
+        }
+        out
+    }
+}
+
+impl Project {
+    /// Every row of every table of the project's database (or of `only`), read through a
+    /// read-only connection: tables sorted by name, rows sorted, each value with its SQLite type.
+    /// Comparing two dumps is "nothing changed" for the whole store, including tables a later
+    /// schema adds; the text keeps a failure readable.
+    pub fn db_dump(&self, only: Option<&[&str]>) -> String {
+        use rusqlite::types::ValueRef;
+        let db = self.state().join("loopx.db");
+        let conn = rusqlite::Connection::open_with_flags(
+            &db,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .unwrap_or_else(|e| panic!("open {} read-only: {e}", db.display()));
+        let tables: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        if let Some(only) = only {
+            for t in only {
+                assert!(tables.iter().any(|x| x == t), "no table {t} in {tables:?}");
+            }
+        }
+        let mut out = String::new();
+        for t in tables
+            .iter()
+            .filter(|t| only.is_none_or(|o| o.contains(&t.as_str())))
+        {
+            let mut stmt = conn
+                .prepare(&format!("SELECT * FROM \"{}\"", t.replace('"', "\"\"")))
+                .unwrap();
+            let n = stmt.column_count();
+            let mut rows: Vec<String> = stmt
+                .query_map([], |r| {
+                    let mut cells = Vec::with_capacity(n);
+                    for i in 0..n {
+                        cells.push(match r.get_ref(i)? {
+                            ValueRef::Null => "NULL".to_string(),
+                            ValueRef::Integer(v) => format!("i:{v}"),
+                            ValueRef::Real(v) => format!("r:{v:?}"),
+                            ValueRef::Text(v) => format!("t:{:?}", String::from_utf8_lossy(v)),
+                            ValueRef::Blob(v) => format!("b:{}", hex::encode(v)),
+                        });
+                    }
+                    Ok(cells.join(" | "))
+                })
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            rows.sort();
+            out.push_str(&format!("== {t} ({} rows)\n", rows.len()));
+            for r in rows {
+                out.push_str(&r);
+                out.push('\n');
             }
         }
         out

@@ -1,9 +1,7 @@
 //! The kernel through the CLI: the seeds' tick as they write it, readiness, gates, the should-run
 //! routes, quota, history and every command in every format.
 
-mod cli_support;
-
-use cli_support::Project;
+use crate::support::Project;
 use serde_json::Value;
 
 #[test]
@@ -552,14 +550,14 @@ fn root_flag_and_env_select_the_project() {
     let elsewhere = tempfile::tempdir().unwrap();
     let root = p.path().display().to_string();
     let run = |args: &[&str], env: Option<&str>| {
-        let mut cmd = std::process::Command::new(cli_support::loopx_bin());
+        let mut cmd = std::process::Command::new(crate::support::loopx_bin());
         cmd.args(args)
             .current_dir(elsewhere.path())
             .env_remove("LOOPX_ROOT");
         if let Some(r) = env {
             cmd.env("LOOPX_ROOT", r);
         }
-        cli_support::to_run(cmd.output().unwrap())
+        crate::support::to_run(cmd.output().unwrap())
     };
     assert_eq!(
         run(&["goal", "list"], None).code,
@@ -581,12 +579,12 @@ fn root_flag_and_env_select_the_project() {
     // Discovery upward from a subdirectory.
     let sub = p.path().join("a/b");
     std::fs::create_dir_all(&sub).unwrap();
-    let mut cmd = std::process::Command::new(cli_support::loopx_bin());
+    let mut cmd = std::process::Command::new(crate::support::loopx_bin());
     cmd.args(["--format", "json", "goal", "list"])
         .current_dir(&sub)
         .env_remove("LOOPX_ROOT");
     assert_eq!(
-        cli_support::to_run(cmd.output().unwrap()).ok().json()["goals"][0]["id"],
+        crate::support::to_run(cmd.output().unwrap()).ok().json()["goals"][0]["id"],
         "rooted"
     );
 }
@@ -646,7 +644,7 @@ fn wasm_commands_run_in_loopx_wasm_beside_the_kernel_binary() {
     // Installed without its host, the kernel commands still work and the wasm ones say why not.
     let lonely = tempfile::tempdir().unwrap();
     let bin = lonely.path().join("loopx");
-    std::fs::copy(cli_support::loopx_bin(), &bin).unwrap();
+    std::fs::copy(crate::support::loopx_bin(), &bin).unwrap();
     let run = |args: &[&str]| {
         std::process::Command::new(&bin)
             .args(args)

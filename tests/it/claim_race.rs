@@ -1,12 +1,10 @@
 //! Lease races between real processes: exactly one winner per todo, never a double grant, and a
 //! superseded holder cannot write with its old fence.
 
-mod cli_support;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Barrier};
 
-use cli_support::{Project, to_run};
+use crate::support::{Project, to_run};
 
 #[test]
 fn sixteen_processes_claiming_one_todo_yield_exactly_one_winner() {
@@ -82,7 +80,7 @@ fn sixteen_processes_claiming_next_ready_never_grant_a_todo_twice() {
                 barrier.wait();
                 let mut granted = Vec::new();
                 for n in 0.. {
-                    let out = std::process::Command::new(cli_support::loopx_bin())
+                    let out = std::process::Command::new(crate::support::loopx_bin())
                         .args([
                             "--format",
                             "json",

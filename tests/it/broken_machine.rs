@@ -4,12 +4,10 @@
 //! a command that committed succeeds, closed or failing standard streams never panic, and
 //! `loopx backup` makes a copy that restores.
 
-mod cli_support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cli_support::{Project, Run, loopx_bin, to_run};
+use crate::support::{Project, Run, loopx_bin, to_run};
 
 fn seeded() -> (Project, String) {
     let p = Project::new();

@@ -2,9 +2,7 @@
 //! command's exit into a valid result (completion proven by a validator, failure → repair), and
 //! the Claude Code / Codex wrappers fail cleanly (host_failure) when their tool is not installed.
 
-mod turn_support;
-
-use turn_support::{Project, turn_run};
+use crate::support::{Project, turn_run};
 
 fn example(name: &str) -> String {
     format!("{}/examples/hosts/{name}", env!("CARGO_MANIFEST_DIR"))

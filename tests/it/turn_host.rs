@@ -1,12 +1,10 @@
 //! Host misbehaviour: each maps to its result kind and leaves state consistent (lease released,
 //! nothing spent, no evidence, a run row in history, the journal settled).
 
-mod turn_support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::{Project, result_host, turn_run};
 use serde_json::Value;
-use turn_support::{Project, result_host, turn_run};
 
 fn run_turn(p: &Project, host_body: &str, extra: &[&str]) -> Value {
     p.add_work("t1");
@@ -78,7 +76,7 @@ fn timeout_kills_the_whole_process_group_quickly() {
     assert_failed_cleanly(&p, &t, "host_failure");
     let j = p.journal(t["turn_key"].as_str().unwrap());
     assert_eq!(j["data"]["host"]["timed_out"], true);
-    let left = turn_support::wait_until_gone(p.path(), Duration::from_secs(2));
+    let left = crate::support::wait_until_gone(p.path(), Duration::from_secs(2));
     assert!(
         left.is_empty(),
         "the host's background child survived: {left:?}"
@@ -197,7 +195,7 @@ fn a_child_that_outlives_the_host_is_killed_with_the_group() {
     );
     let t = run_turn(&p, &body, &[]);
     assert_eq!(t["kind"], "validated_progress");
-    let left = turn_support::wait_until_gone(p.path(), Duration::from_secs(1));
+    let left = crate::support::wait_until_gone(p.path(), Duration::from_secs(1));
     assert!(
         left.is_empty(),
         "a background child outlived the host: {left:?}"
@@ -251,7 +249,7 @@ fn host_can_call_loopx_as_the_lease_holder() {
     let p = Project::with_goal_g();
     let body = format!(
         "cat >/dev/null\n{} todo update --goal-id g --todo-id t1 --evidence 'noted from inside the turn' >/dev/null || exit 9\n{}",
-        turn_support::cli_support::loopx_bin(),
+        crate::support::loopx_bin(),
         result_host("progress")
     );
     let t = run_turn(&p, &body, &[]);
@@ -296,7 +294,7 @@ fn sigterm_to_loopx_terminates_the_host_and_settles_the_turn() {
             .unwrap()
             .contains("interrupted")
     );
-    let left = turn_support::wait_until_gone(p.path(), Duration::from_secs(2));
+    let left = crate::support::wait_until_gone(p.path(), Duration::from_secs(2));
     assert!(left.is_empty(), "the host survived SIGTERM: {left:?}");
     assert_eq!(p.todo_status("t1"), "open");
 }
@@ -415,7 +413,7 @@ fn operator_commands_from_inside_a_host_are_refused_whatever_the_environment() {
     ]);
     p.ok(&["refresh-state", "--goal-id", "g"]);
     let run_id = p.history()[0]["run_id"].as_str().unwrap().to_string();
-    let loopx = turn_support::cli_support::loopx_bin();
+    let loopx = crate::support::loopx_bin();
     let body = format!(
         r#"cat >/dev/null
 try() {{ label=$1; shift; "$@" >/dev/null 2>&1; echo "$label $?" >> authority.log; }}
@@ -485,7 +483,7 @@ fn a_machine_that_cannot_isolate_refuses_required_and_warns_on_auto() {
         let script = format!(
             "echo 0 > /proc/sys/user/max_user_namespaces && exec {} --format json turn run \
              --goal-id g --agent-id a1 --isolation {isolation} -- {host}",
-            turn_support::cli_support::loopx_bin()
+            crate::support::loopx_bin()
         );
         let out = std::process::Command::new("unshare")
             .args(["--user", "--map-current-user", "sh", "-c", &script])

@@ -1,6 +1,6 @@
-//! Shared helpers for the turn and loop tests: a temporary project, the `loopx` binary, and
-//! small `/bin/sh` hosts written into the project (the driver itself never uses a shell).
-#![allow(dead_code)]
+//! Helpers for the turn and loop tests on top of [`Project`]: goal `g`, todos on it, small
+//! `/bin/sh` hosts written into the project (the driver itself never uses a shell), and the
+//! processes a host leaves behind.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -8,10 +8,7 @@ use std::process::{Child, Stdio};
 
 use serde_json::Value;
 
-#[path = "../cli_support/mod.rs"]
-pub mod cli_support;
-
-pub use cli_support::Project;
+use super::Project;
 
 /// `turn run --goal-id g --agent-id <agent> <flags> -- <host>`: the argument list of most turn tests.
 pub fn turn_run<'a>(agent: &'a str, flags: &[&'a str], host: &[&'a str]) -> Vec<&'a str> {

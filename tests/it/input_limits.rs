@@ -4,10 +4,8 @@
 //! validation whichever way they arrive; `extension install` reads only bounded regular files and
 //! quotes nothing from a file that is not a manifest.
 
-mod turn_support;
-
+use crate::support::{Project, turn_run};
 use serde_json::Value;
-use turn_support::{Project, turn_run};
 
 /// A result document whose one observation's `data` is `levels` arrays deep, so the whole
 /// document nests `levels + 3` deep (result object, observations array, observation object).
@@ -123,7 +121,7 @@ fn recovery_settles_a_journal_row_it_cannot_decode_and_doctor_reports_it() {
         assert!(doctor.stderr.contains(&key), "{what}: {}", doctor.stderr);
 
         // Another agent's turn settles the orphan (recovery at turn start) and runs its own.
-        let host = p.script("h", &turn_support::result_host("progress"));
+        let host = p.script("h", &crate::support::result_host("progress"));
         let o = turn_json(&p, "a2", &host);
         assert_eq!(o["kind"], "validated_progress", "{what}: {o}");
         assert_eq!(o["recovered_turns"][0], key.as_str(), "{what}: {o}");
@@ -225,7 +223,7 @@ fn manifest(id: &str, version: &str, component: &str) -> String {
     )
 }
 
-fn install(p: &Project, manifest_text: &str) -> turn_support::cli_support::Run {
+fn install(p: &Project, manifest_text: &str) -> crate::support::Run {
     let dir = p.file("ext");
     std::fs::create_dir_all(&dir).unwrap();
     let _ = std::fs::remove_file(dir.join("extension.toml"));
