@@ -6,12 +6,12 @@
 //! goal's size (start-up alone, should-run on a one-todo project, and `loopx probe show`, which
 //! only opens the store and reads one row). Run with `cargo bench --bench tick`.
 //!
-//! Timings on the development VM drift by 10-30 % over minutes, so nothing here is measured in a
-//! block of its own: each round runs a tick on both projects (in alternating order) and then a
-//! short tight loop of every floor, and each figure is the median over all rounds. The ratios and
-//! the 0-versus-100,000 comparison therefore set numbers from the same minutes against each other.
-//! The floors' medians come from the tight loops (the physical limit); the same operations run in
-//! the tick's order, with the pauses that order brings, are reported beside them.
+//! Timings on the development VM drift over minutes (docs/benchmarks.md), so nothing here is
+//! measured in a block of its own: each round runs a tick on both projects (in alternating order)
+//! and then a short tight loop of every floor, and each figure is the median over all rounds. The
+//! ratios and the 0-versus-100,000 comparison therefore set numbers from the same minutes against
+//! each other. The floors' medians come from the tight loops (the physical limit); the same
+//! operations run in the tick's order, with the pauses that order brings, are reported beside them.
 
 mod support;
 

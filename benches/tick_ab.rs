@@ -1,9 +1,9 @@
 //! Two `loopx` binaries timed against each other on the core tick, alternating tick by tick.
 //!
-//! Why this exists: on the development VM whole-process timings drift by 10-15 % over minutes,
-//! more than most single changes gain, so two `cargo bench --bench tick` runs cannot tell a better
-//! binary from a quieter moment. Here both binaries run the same five-command tick on their own
-//! copy of the same project, interleaved (A B, then B A, ...), so drift hits both alike.
+//! Why this exists: on the development VM whole-process timings drift over minutes by more than
+//! most single changes gain (docs/benchmarks.md), so two `cargo bench --bench tick` runs cannot
+//! tell a better binary from a quieter moment. Here both binaries run the same five-command tick on
+//! their own copy of the same project, interleaved (A B, then B A, ...), so drift hits both alike.
 //!
 //! `LOOPX_AB_BASELINE=/path/to/old/loopx cargo bench --bench tick_ab` compares that binary with
 //! this build's. Without it the build is compared with itself: the spread of that A/A run is the

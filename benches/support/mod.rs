@@ -79,9 +79,9 @@ pub fn seed(dir: &Path, todos: usize, history: usize) -> Kernel {
 ///
 /// Without Cargo's `LD_LIBRARY_PATH`: `cargo bench` points it at the toolchain's and the target
 /// directory's libraries, so the dynamic loader of a dynamically linked floor process (`true`)
-/// searched four directories for libc before its own, 0.14-0.19 ms a spawn, while the static
-/// `loopx` never looks. The floor then came out higher under `cargo bench` than with the bench
-/// binary run directly, and the tick's ratio to it lower (2.2-2.3x against 2.6x in one session).
+/// searched four directories for libc before its own, while the static `loopx` never looks. The
+/// floor then came out higher under `cargo bench` than with the bench binary run directly, and
+/// the tick's ratio to it lower (docs/benchmarks.md).
 fn timed(cmd: &mut Command) -> Duration {
     cmd.env_remove("LD_LIBRARY_PATH");
     let start = Instant::now();
@@ -230,9 +230,9 @@ pub fn store_samples(dir: &Path, rounds: usize) -> Vec<Duration> {
 }
 
 /// `rounds` times a 4 KiB write + fsync on the disk holding `dir` (the cost of one durable
-/// commit), each after `idle` without disk I/O. On the development VM an fsync issued back to back
-/// took 0.1-0.2 ms and one issued after a few idle milliseconds 0.6-0.7 ms: the tick's commits
-/// are each a process's work apart, so they are of the second kind.
+/// commit), each after `idle` without disk I/O. On the development VM an fsync issued after a few
+/// idle milliseconds takes several times as long as one issued back to back (docs/benchmarks.md):
+/// the tick's commits are each a process's work apart, so they are of the second kind.
 pub fn fsync_samples(dir: &Path, rounds: usize, idle: Duration) -> Vec<Duration> {
     let path = dir.join("fsync-probe");
     let mut f = std::fs::File::create(&path).unwrap();

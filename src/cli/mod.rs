@@ -184,9 +184,9 @@ impl Context {
     /// Ends the process's use of the kernel without closing the store. The process exits next,
     /// and the exit releases everything closing would (SQLite's locks, mappings, descriptors and
     /// memory); closing does no durable work here, as every transaction has committed or rolled
-    /// back by now and a close never checkpoints (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). Closing
-    /// cost about 0.1 ms a process, 6 % of `quota should-run` (docs/benchmarks.md). Only the
-    /// process's own `main` may call this: a long-lived caller would leak a connection per call.
+    /// back by now and a close never checkpoints (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). What closing
+    /// cost is in docs/benchmarks.md. Only the process's own `main` may call this: a long-lived
+    /// caller would leak a connection per call.
     fn take_warnings(&self) -> Vec<String> {
         self.kernel
             .get()

@@ -9,11 +9,11 @@
 //! re-created. A non-empty projection that no longer parses is reported as corrupt instead of being
 //! overwritten: someone may have edited it by hand, and silently replacing it would lose that.
 //!
-//! Parsing a goal's `state.json` before every rewrite would cost as much as rendering it (420 KB at
-//! 1,000 todos), so each JSON projection gets a write stamp beside it (`.<name>.stamp`: length,
-//! modification time, inode of the file as written). A file whose `stat` still matches its stamp is
-//! byte for byte what LoopX wrote, hence valid; any other file is parsed in full. `doctor` always
-//! parses in full.
+//! Parsing a goal's `state.json` before every rewrite would cost as much as rendering it
+//! (docs/benchmarks.md), so each JSON projection gets a write stamp beside it (`.<name>.stamp`:
+//! length, modification time, inode of the file as written). A file whose `stat` still matches its
+//! stamp is byte for byte what LoopX wrote, hence valid; any other file is parsed in full. `doctor`
+//! always parses in full.
 //!
 //! The Markdown files show text agents and plugins wrote (titles, objectives, evidence, run
 //! summaries), so every such value goes through [`crate::inert`]: nothing in them can drive a
@@ -106,8 +106,8 @@ fn write_json_projection(
 /// new file's inode was allocated. A torn stamp matches nothing. So the stamp is neither replaced
 /// by a new file (every file created costs an inode allocation, which on ext4 without a journal
 /// scans past every recently deleted inode) nor truncated: truncating a file to zero makes ext4
-/// start writing it back on close (`auto_da_alloc`), and the next truncation waits for that write,
-/// 0.5 ms per `refresh-state`. Stamps have a fixed width, so the new one covers the old.
+/// start writing it back on close (`auto_da_alloc`), and the next truncation waits for that write
+/// (docs/benchmarks.md). Stamps have a fixed width, so the new one covers the old.
 fn write_stamp(stamp_file: &Path, stamp: &[u8]) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let stamp_err = |e| LoopxError::internal(format!("writing {}", stamp_file.display()), e);
@@ -173,8 +173,8 @@ fn with_temp_file(path: &Path, write: impl FnOnce(File) -> std::io::Result<()>) 
 /// Puts `tmp` in `path`'s place. On Linux the two are exchanged (`renameat2` with
 /// `RENAME_EXCHANGE`) and the old content, now at `tmp`, is unlinked. A plain rename over an
 /// existing file makes ext4 allocate and start writing the new file at once (its `auto_da_alloc`
-/// safeguard), and the next fsync of the database, a command later, then waits for that data:
-/// with a 420 KB `state.json`, 1.0 ms for the rename and 1.0 ms instead of 0.3 ms for the fsync.
+/// safeguard), and the next fsync of the database, a command later, then waits for that data
+/// (docs/benchmarks.md has what both cost).
 /// Where exchange is unsupported, or there is no old file, it is a plain rename.
 fn replace(tmp: &Path, path: &Path) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
