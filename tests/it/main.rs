@@ -14,6 +14,7 @@ mod inert_output;
 mod input_limits;
 mod kernel_cli;
 mod loop_agents;
+mod output_snapshots;
 mod parser_fuzz;
 mod registry_inspect;
 mod sandbox_admission;
