@@ -74,8 +74,8 @@ fn main() {
     let named = [old, new];
     // Each binary runs from a fresh copy: how many pages a process start faults in depends on how
     // the file got into the page cache (a binary the linker wrote through a memory map faulted
-    // about 30 more pages per process than the same bytes written by `cp`), which would
-    // otherwise favour whichever binary was copied rather than linked.
+    // more pages per process than the same bytes written by `cp`; docs/benchmarks.md), which
+    // would otherwise favour whichever binary was copied rather than linked.
     let copies = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let bins = [0, 1].map(|b| {
         let copy = copies[b].path().join("loopx");
