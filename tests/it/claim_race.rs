@@ -1,5 +1,6 @@
 //! Lease races between real processes: exactly one winner per todo, never a double grant, and a
-//! superseded holder cannot write with its old fence.
+//! superseded holder cannot write with its old fence or claim key, whether the new lease went to
+//! another agent or to the same one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Barrier};
@@ -208,7 +209,8 @@ fn expired_holder_cannot_complete_after_takeover() {
         "slow-1",
     ]);
     assert_eq!(stale_key.code, 4);
-    // Even the same agent name with the old fence is refused after a re-grant.
+    // The old holder's renew is refused too (the lease is another agent's; the same agent
+    // re-granted is `the_same_agent_with_a_stale_fence_or_key_is_refused_after_a_re_grant`).
     let renew = p.run(&[
         "todo",
         "renew",
@@ -365,4 +367,73 @@ fn holder_write_needs_current_proof_and_same_agent_same_key_replays() {
         next["claim"]["fence"], 2,
         "fences never repeat after a release"
     );
+}
+
+/// The same agent holds a stale proof after its todo was granted again, to itself: released and
+/// re-claimed, then expired and re-claimed. The agent id matches, so only the fence or key check
+/// can refuse the old proof; each refusal names that check, and nothing is written.
+#[test]
+fn the_same_agent_with_a_stale_fence_or_key_is_refused_after_a_re_grant() {
+    let p = Project::new();
+    let g = p.goal("regrant");
+    let t = p.add_todo(&g, "work", &[]);
+    let args = |verb, extra| Project::todo_args(verb, &g, &t, "a1", extra);
+    let c1 = p.json(&args("claim", &["--idempotency-key", "k1"]));
+    assert_eq!(c1["claim"]["fence"], 1);
+    p.json(&args("release", &["--claim-key", "k1"]));
+    let c2 = p.json(&args(
+        "claim",
+        &["--idempotency-key", "k2", "--ttl-seconds", "1"],
+    ));
+    assert_eq!(c2["claim"]["fence"], 2);
+
+    // Refusals of the proofs of lease 1 while the same agent holds lease 2.
+    let refused = |r: crate::support::Run, needle: &str| {
+        assert_eq!(r.code, 4, "{needle}: {}", r.stderr);
+        assert!(r.stderr.contains(needle), "{needle}: {}", r.stderr);
+    };
+    let before = p.db_dump(None);
+    refused(
+        p.run(&args("complete", &["--fence", "1", "--evidence", "late"])),
+        "stale fence 1",
+    );
+    refused(
+        p.run(&args(
+            "update",
+            &["--claim-key", "k1", "--evidence", "late"],
+        )),
+        "claim key 'k1' is not the current lease",
+    );
+    refused(p.run(&args("renew", &["--fence", "1"])), "stale fence 1");
+    refused(
+        p.run(&args("release", &["--claim-key", "k1"])),
+        "claim key 'k1' is not the current lease",
+    );
+    assert_eq!(
+        before,
+        p.db_dump(None),
+        "a refused stale write changed the store"
+    );
+
+    // Lease 2 expires and the same agent takes the todo over from itself: lease 3.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let c3 = p.json(&args("claim", &["--idempotency-key", "k3"]));
+    assert_eq!(c3["claim"]["fence"], 3);
+    refused(
+        p.run(&args("complete", &["--fence", "2", "--evidence", "late"])),
+        "stale fence 2",
+    );
+    refused(
+        p.run(&args(
+            "complete",
+            &["--claim-key", "k2", "--evidence", "late"],
+        )),
+        "claim key 'k2' is not the current lease",
+    );
+    let todo = p.json(&["todo", "show", "--goal-id", &g, "--todo-id", &t]);
+    assert_eq!(todo["todo"]["status"], "claimed");
+    assert_eq!(todo["evidence"].as_array().unwrap().len(), 0);
+
+    // The current proof works.
+    p.json(&args("complete", &["--fence", "3", "--evidence", "done"]));
 }

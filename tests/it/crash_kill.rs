@@ -1,9 +1,27 @@
 //! SIGKILL at random points of mutating commands, 200 times: the database always opens, passes
 //! `PRAGMA integrity_check`, and every command that reported success is visible afterwards.
+//!
+//! The kills land mid-work, not at process start-up: the test watches the command's open file
+//! descriptors (`/proc/<pid>/fd`) until the database is open, then kills after a delay drawn from
+//! the time that kind of command was measured to take from that point to its exit. A command that
+//! finishes on its own must not have panicked (exit 101) or failed internally.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
 
 use crate::support::{Project, to_run};
+
+/// Commands run to completion first, to measure each kind's work after the store is open.
+const CALIBRATION: usize = 24;
+
+/// Whether process `pid` has the project's database open; `None` once the process is gone.
+fn has_db_open(pid: u32) -> Option<bool> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    Some(dir.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|target| target.ends_with(".loopx/loopx.db"))
+    }))
+}
 
 /// A small deterministic generator so a failure reproduces with the same kill schedule.
 struct Lcg(u64);
@@ -47,6 +65,9 @@ fn sigkill_at_random_points_never_loses_a_reported_success() {
     let mut claimed: Vec<String> = Vec::new();
     let mut runs: Vec<String> = Vec::new();
     let mut killed = 0;
+    let mut killed_by_kind: HashMap<String, usize> = HashMap::new();
+    // Open-to-exit times of the calibration runs, by kind of command.
+    let mut work: HashMap<String, Vec<Duration>> = HashMap::new();
     for i in 0..200 {
         let tag = format!("{i}");
         let args: Vec<String> = match rng.next() % 8 {
@@ -149,18 +170,73 @@ fn sigkill_at_random_points_never_loses_a_reported_success() {
         let mut full = vec!["--format".to_string(), "json".to_string()];
         full.extend(args.iter().cloned());
         let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+        let kind = format!("{} {}", args[0], args.get(1).map_or("", |a| a.as_str()));
         let mut child = p
             .command(&refs)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_micros(rng.next() % 40_000));
-        if child.try_wait().unwrap().is_none() {
-            child.kill().unwrap(); // SIGKILL
-            killed += 1;
+        // Wait for the store to be open (or the process to end without opening it).
+        let mut opened = None;
+        while child.try_wait().unwrap().is_none() {
+            match has_db_open(child.id()) {
+                Some(true) => {
+                    opened = Some(Instant::now());
+                    break;
+                }
+                Some(false) => std::thread::yield_now(),
+                None => break,
+            }
         }
-        let run = to_run(child.wait_with_output().unwrap());
+        let mut we_killed = false;
+        let mut calibrating = None;
+        if let Some(t_open) = opened {
+            if i < CALIBRATION {
+                calibrating = Some(t_open);
+            } else {
+                // Uniform over the longest measured open-to-exit time of this kind (or of any
+                // kind, for one not measured yet): most kills land while the command works.
+                let window = work
+                    .get(&kind)
+                    .or_else(|| work.values().max_by_key(|d| d.iter().max()))
+                    .and_then(|d| d.iter().max())
+                    .map_or(10_000, |d| d.as_micros() as u64)
+                    .max(1);
+                let until = t_open + Duration::from_micros(rng.next() % window);
+                while Instant::now() < until && child.try_wait().unwrap().is_none() {
+                    std::thread::yield_now();
+                }
+                if child.try_wait().unwrap().is_none() {
+                    child.kill().unwrap(); // SIGKILL
+                    we_killed = true;
+                }
+            }
+        }
+        // Reads the output while waiting (a command writing more than a pipe holds would
+        // otherwise never exit).
+        let out = child.wait_with_output().unwrap();
+        if let Some(t_open) = calibrating.filter(|_| out.status.success()) {
+            work.entry(kind.clone()).or_default().push(t_open.elapsed());
+        }
+        if we_killed && out.status.signal() == Some(libc::SIGKILL) {
+            killed += 1;
+            killed_by_kind
+                .entry(kind)
+                .and_modify(|n| *n += 1)
+                .or_insert(1);
+        } else {
+            // Finished on its own: never a panic, a signal of its own or an internal failure.
+            assert!(
+                out.status.code().is_some(),
+                "{args:?} died of {:?}",
+                out.status.signal()
+            );
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_ne!(out.status.code(), Some(101), "{args:?} panicked: {stderr}");
+            assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        }
+        let run = to_run(out);
         if run.code == 0 {
             let v = run.json();
             let s = match args[0].as_str() {
@@ -195,11 +271,12 @@ fn sigkill_at_random_points_never_loses_a_reported_success() {
             successes.push(s);
         } else if run.code != -1 {
             // A finished command may legitimately be refused (e.g. nothing left to claim), but
-            // never because the store is damaged.
-            assert_ne!(
-                run.code, 5,
-                "{:?} reported corruption: {}",
-                args, run.stderr
+            // never because the store is damaged, the machine failed it, or LoopX failed itself.
+            let error = &run.json()["error"];
+            assert!(
+                ["refused", "not_found", "conflict"].contains(&error["kind"].as_str().unwrap()),
+                "{args:?} failed with {error}; stderr: {}",
+                run.stderr
             );
         }
         let doctor = p.run(&["doctor"]);
@@ -209,9 +286,16 @@ fn sigkill_at_random_points_never_loses_a_reported_success() {
             doctor.stderr
         );
     }
+    eprintln!(
+        "open-to-exit times measured: {work:?}; killed after the store opened: {killed_by_kind:?}"
+    );
     assert!(
-        killed >= 20,
-        "the schedule must actually kill commands mid-flight (killed {killed})"
+        killed >= 40,
+        "the schedule must kill commands after the store is open (killed {killed}: {killed_by_kind:?})"
+    );
+    assert!(
+        killed_by_kind.len() >= 4,
+        "kills must reach most kinds of command: {killed_by_kind:?}"
     );
     assert!(
         successes.len() >= 20,

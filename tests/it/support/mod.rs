@@ -126,6 +126,29 @@ impl Project {
         id.to_string()
     }
 
+    /// `todo <verb> --goal-id <goal> --todo-id <todo> --agent-id <agent> <extra...>`: the
+    /// argument list of the lease tests.
+    pub fn todo_args<'a>(
+        verb: &'a str,
+        goal: &'a str,
+        todo: &'a str,
+        agent: &'a str,
+        extra: &[&'a str],
+    ) -> Vec<&'a str> {
+        let mut args = vec![
+            "todo",
+            verb,
+            "--goal-id",
+            goal,
+            "--todo-id",
+            todo,
+            "--agent-id",
+            agent,
+        ];
+        args.extend_from_slice(extra);
+        args
+    }
+
     pub fn add_todo(&self, goal: &str, title: &str, extra: &[&str]) -> String {
         let mut args = vec!["todo", "add", "--goal-id", goal, "--title", title];
         args.extend_from_slice(extra);
@@ -232,6 +255,20 @@ impl Project {
         }
         out
     }
+}
+
+/// A test that cannot check anything on this machine calls this instead of returning quietly: it
+/// prints why, and fails in CI (`CI` set to anything but `false`) unless `LOOPX_TEST_SKIPS` (a
+/// comma-separated list) declares `key` for that machine. A silent skip would read as a pass.
+pub fn skip(key: &str, why: &str) {
+    eprintln!("SKIPPED ({key}): {why}");
+    let in_ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
+    let declared =
+        std::env::var("LOOPX_TEST_SKIPS").is_ok_and(|v| v.split(',').any(|k| k.trim() == key));
+    assert!(
+        !in_ci || declared,
+        "skipped in CI ({key}): {why}. Declare the skip for this machine with LOOPX_TEST_SKIPS={key}"
+    );
 }
 
 pub fn to_run(out: Output) -> Run {
