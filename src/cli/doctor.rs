@@ -8,7 +8,7 @@ use crate::error::{LoopxError, Result};
 use crate::kernel::Kernel;
 use crate::kernel::projection::check_json_projection;
 use crate::registry::inspect_registry;
-use crate::store::{SqliteStore, Store};
+use crate::store::Backend;
 
 #[derive(Debug, clap::Args)]
 pub struct DoctorArgs {}
@@ -43,14 +43,14 @@ pub fn run(ctx: &Context, _args: DoctorArgs) -> Result<Output> {
     // nothing about the state: it fails doctor with exit 6, never 5 (`io`).
     let mut io: Option<(String, LoopxError)> = None;
     let db = paths.db();
-    match SqliteStore::open(&db) {
+    match crate::store::open(Backend::default(), &db) {
         Err(e @ LoopxError::Io { .. }) => {
             record("database", false, e.to_string(), &db);
             io.get_or_insert(("database".to_string(), e));
         }
         // A file SQLite cannot read as a database was marked damaged by the open itself.
         Err(e) => record("database", false, e.to_string(), &db),
-        Ok(mut store) => {
+        Ok(store) => {
             let integrity = store.integrity_check();
             match &integrity {
                 Ok(p) if p.is_empty() => record("database integrity", true, "ok".to_string(), &db),

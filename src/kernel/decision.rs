@@ -13,7 +13,7 @@ use crate::clock::{now_ms, rfc3339};
 use crate::error::Result;
 use crate::ids::validate_token;
 use crate::model::{GoalStatus, Role, Todo, TodoStatus, wire_enum};
-use crate::store::StoreTx;
+use crate::store::StoreRead;
 
 pub const SHOULD_RUN_SCHEMA: &str = "loopx.should_run.v1";
 
@@ -268,7 +268,7 @@ pub fn shell_join(argv: &[String]) -> String {
 }
 
 /// Capabilities provided by enabled extensions, as `<extension>/<capability>`.
-pub(crate) fn installed_capabilities(tx: &dyn StoreTx) -> Result<Vec<String>> {
+pub(crate) fn installed_capabilities(tx: &dyn StoreRead) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for ext in tx.extensions()?.into_iter().filter(|e| e.enabled) {
         if let Some(provides) = ext.manifest.get("provides").and_then(Value::as_array) {
@@ -286,7 +286,7 @@ pub(crate) fn installed_capabilities(tx: &dyn StoreTx) -> Result<Vec<String>> {
 
 /// Decides inside an existing snapshot (shared with the turn driver).
 pub(crate) fn decide_in_tx(
-    tx: &dyn StoreTx,
+    tx: &dyn StoreRead,
     goal_id: &str,
     agent_id: &str,
     now: i64,

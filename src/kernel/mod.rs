@@ -24,7 +24,7 @@ use crate::clock::now_ms;
 use crate::error::{LoopxError, Result, refused};
 use crate::ids::new_ulid;
 use crate::paths::ProjectPaths;
-use crate::store::{OpRecord, SqliteStore, Store, StoreTx};
+use crate::store::{Backend, OpRecord, Store, StoreRead, StoreTx};
 
 /// Agent id used when a command names none and `LOOPX_AGENT_ID` is unset.
 pub const DEFAULT_AGENT_ID: &str = "agent";
@@ -147,12 +147,12 @@ impl Kernel {
                 LoopxError::io(&marker, format!("removing {}", marker.display()), e)
             })?;
         }
-        let store = SqliteStore::create(&paths.db())?;
+        let store = crate::store::create(Backend::default(), &paths.db())?;
         // The store made its own entries durable; this makes `.loopx/` itself so.
         crate::store::sync_directory(&paths.project)?;
         let mut kernel = Kernel {
             paths,
-            store: Box::new(store),
+            store,
             warnings: Vec::new(),
         };
         kernel.write_registry_projection()?;
@@ -163,20 +163,20 @@ impl Kernel {
     /// projection is reported, never silently replaced).
     pub fn open(paths: ProjectPaths) -> Result<Kernel> {
         projection::check_json_projection(&paths.registry())?;
-        let store = SqliteStore::open(&paths.db())?;
+        let store = crate::store::open(Backend::default(), &paths.db())?;
         Ok(Kernel {
             paths,
-            store: Box::new(store),
+            store,
             warnings: Vec::new(),
         })
     }
 
     /// Wraps an already-open store without checking projections (for `doctor`, which reports
     /// damaged projections instead of refusing to start).
-    pub fn from_store(paths: ProjectPaths, store: SqliteStore) -> Kernel {
+    pub fn from_store(paths: ProjectPaths, store: Box<dyn Store>) -> Kernel {
         Kernel {
             paths,
-            store: Box::new(store),
+            store,
             warnings: Vec::new(),
         }
     }
@@ -209,8 +209,8 @@ impl Kernel {
         std::mem::take(&mut self.warnings)
     }
 
-    /// Runs `f` in one read snapshot.
-    pub fn read<R>(&mut self, f: impl FnOnce(&dyn StoreTx) -> Result<R>) -> Result<R> {
+    /// Runs `f` in one read snapshot, which has no method that writes.
+    pub fn read<R>(&self, f: impl FnOnce(&dyn StoreRead) -> Result<R>) -> Result<R> {
         let tx = self.store.begin_read()?;
         let out = f(&*tx)?;
         drop(tx);
@@ -238,11 +238,11 @@ impl Kernel {
     }
 
     /// `PRAGMA integrity_check` problems (empty when healthy).
-    pub fn integrity_problems(&mut self) -> Result<Vec<String>> {
+    pub fn integrity_problems(&self) -> Result<Vec<String>> {
         self.store.integrity_check()
     }
 
-    pub fn schema_version(&mut self) -> Result<i64> {
+    pub fn schema_version(&self) -> Result<i64> {
         self.store.schema_version()
     }
 }
@@ -266,7 +266,7 @@ pub(crate) fn log_op(
 }
 
 /// Loads a goal or fails with exit 3 naming it.
-pub(crate) fn require_goal(tx: &dyn StoreTx, goal_id: &str) -> Result<crate::model::Goal> {
+pub(crate) fn require_goal(tx: &dyn StoreRead, goal_id: &str) -> Result<crate::model::Goal> {
     crate::ids::validate_token("goal id", goal_id)?;
     tx.goal(goal_id)?.ok_or_else(|| {
         crate::error::not_found(format!(
@@ -277,7 +277,7 @@ pub(crate) fn require_goal(tx: &dyn StoreTx, goal_id: &str) -> Result<crate::mod
 
 /// Loads a todo of a goal or fails with exit 3 naming both.
 pub(crate) fn require_todo(
-    tx: &dyn StoreTx,
+    tx: &dyn StoreRead,
     goal_id: &str,
     todo_id: &str,
 ) -> Result<crate::model::Todo> {

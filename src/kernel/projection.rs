@@ -33,7 +33,7 @@ use crate::clock::{Rfc3339, now_ms, rfc3339};
 use crate::error::{LoopxError, Result};
 use crate::inert::{self, md_block, md_code, md_inline};
 use crate::model::{Evidence, Goal, Role, Run, Todo, TodoStatus};
-use crate::store::{ProjectedTodo, StoreTx, TodoLines, TodoOrder};
+use crate::store::{ProjectedTodo, ProjectionCacheTx, StoreRead, TodoLines, TodoOrder};
 
 pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
 pub const STATE_SCHEMA: &str = "loopx.goal_state.v1";
@@ -422,7 +422,7 @@ fn run_markdown(run: &Run) -> String {
     md
 }
 
-/// The format of the todo lines cached in the store (`StoreTx::cache_projected_todo`). Bump it
+/// The format of the todo lines cached in the store (`ProjectionCacheTx::cache_projected_todo`). Bump it
 /// whenever [`TodoView::write_json`] or [`todo_markdown`] changes what they write: lines cached
 /// in another format are then rendered afresh. (3: Markdown values made inert.)
 const TODO_LINES_FORMAT: i64 = 3;
@@ -439,13 +439,13 @@ pub(crate) struct GoalProjection {
 }
 
 impl GoalProjection {
-    /// Reads the goal and renders its todos. With `cache_lines` (a write transaction), the lines
-    /// rendered for todos that had none cached are stored for the next refresh.
+    /// Reads the goal and renders its todos. With `cache_lines` (a write transaction's cache),
+    /// the lines rendered for todos that had none cached are stored for the next refresh.
     pub(crate) fn read(
-        tx: &dyn StoreTx,
+        tx: &dyn StoreRead,
         goal_id: &str,
         now: i64,
-        cache_lines: bool,
+        cache_lines: Option<&dyn ProjectionCacheTx>,
     ) -> Result<GoalProjection> {
         let goal = super::require_goal(tx, goal_id)?;
         Ok(GoalProjection {
@@ -457,7 +457,7 @@ impl GoalProjection {
         })
     }
 
-    /// Counts of the goal's todos per (role, status), as `StoreTx::todo_status_counts` gives them.
+    /// Counts of the goal's todos per (role, status), as `StoreRead::todo_status_counts` gives them.
     pub(crate) fn todo_counts(&self) -> Vec<(String, String, i64)> {
         let mut counts = [[0i64; TodoStatus::ALL.len()]; Role::ALL.len()];
         for r in &self.todos.rows {
@@ -498,7 +498,12 @@ struct RenderedTodo {
 }
 
 impl RenderedTodos {
-    fn read(tx: &dyn StoreTx, goal_id: &str, now: i64, cache_lines: bool) -> Result<RenderedTodos> {
+    fn read(
+        tx: &dyn StoreRead,
+        goal_id: &str,
+        now: i64,
+        cache_lines: Option<&dyn ProjectionCacheTx>,
+    ) -> Result<RenderedTodos> {
         let mut out = RenderedTodos {
             json: Vec::with_capacity(64 << 10),
             md: String::with_capacity(16 << 10),
@@ -508,7 +513,7 @@ impl RenderedTodos {
         // (todo id, index into rows) of lines rendered here that may be cached: written after
         // the scan, not while its cursor is open on the same table.
         let mut to_cache: Vec<(String, usize)> = Vec::new();
-        tx.for_each_projected_todo(goal_id, TODO_LINES_FORMAT, &mut |todo| {
+        crate::store::for_each_projected_todo(tx, goal_id, TODO_LINES_FORMAT, &mut |todo| {
             let (json_start, md_start) = (out.json.len(), out.md.len());
             let (order, role, status) = match todo {
                 ProjectedTodo::Cached(lines) => {
@@ -519,7 +524,7 @@ impl RenderedTodos {
                 ProjectedTodo::Uncached(todo, order) => {
                     TodoView::new(todo, now).write_json(&mut out.json);
                     todo_markdown(&mut out.md, todo, now);
-                    if cache_lines && todo.claim.is_none() {
+                    if cache_lines.is_some() && todo.claim.is_none() {
                         to_cache.push((todo.id.clone(), out.rows.len()));
                     }
                     (order, todo.role, todo.status)
@@ -535,6 +540,7 @@ impl RenderedTodos {
             Ok(())
         })?;
         for (todo_id, i) in to_cache {
+            let Some(cache) = cache_lines else { break };
             let row = &out.rows[i];
             let lines = TodoLines {
                 order: row.order,
@@ -543,7 +549,7 @@ impl RenderedTodos {
                 json: std::str::from_utf8(&out.json[row.json.clone()]).expect("JSON is UTF-8"),
                 md: &out.md[row.md.clone()],
             };
-            tx.cache_projected_todo(goal_id, &todo_id, TODO_LINES_FORMAT, &lines)?;
+            cache.cache_projected_todo(goal_id, &todo_id, TODO_LINES_FORMAT, &lines)?;
         }
         let mut keys: Vec<(TodoOrder, u32)> = (out.rows.iter().enumerate())
             .map(|(i, r)| (r.order, i as u32))
@@ -636,7 +642,7 @@ impl Kernel {
     /// Rewrites `goals/<id>/state.json` and `STATE.md` from the database (one read snapshot).
     pub fn write_goal_projection(&mut self, goal_id: &str) -> Result<()> {
         let now = now_ms();
-        let projection = self.read(|tx| GoalProjection::read(tx, goal_id, now, false))?;
+        let projection = self.read(|tx| GoalProjection::read(tx, goal_id, now, None))?;
         self.write_goal_files(&projection)
     }
 

@@ -126,7 +126,7 @@ pub struct SpendReceipt {
 }
 
 pub(crate) fn view_in_tx(
-    tx: &dyn crate::store::StoreTx,
+    tx: &dyn crate::store::StoreRead,
     goal_id: &str,
     agent_id: Option<&str>,
     now: i64,

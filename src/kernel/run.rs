@@ -111,7 +111,7 @@ impl Kernel {
             // The projection is read in this transaction: the files show exactly what this
             // command committed, the run's counts come from the same rows, and lines rendered
             // for changed todos are cached for the next refresh.
-            let projection = GoalProjection::read(tx, &req.goal_id, now, true)?;
+            let projection = GoalProjection::read(tx, &req.goal_id, now, tx.projection_cache_tx())?;
             let payload = json!({
                 "todo_counts": counts_json(&projection.todo_counts()),
                 "todo": todo.as_ref().map(|t| json!({"id": t.id, "title": t.title, "status": t.status})),

@@ -11,7 +11,7 @@ use super::{Kernel, require_goal};
 use crate::clock::now_ms;
 use crate::error::Result;
 use crate::model::{Goal, GoalStatus, Role, Todo, TodoKind, TodoStatus};
-use crate::store::StoreTx;
+use crate::store::StoreRead;
 
 /// One entry of the attention queue.
 #[derive(Debug, Clone, Serialize)]
@@ -67,7 +67,7 @@ fn item(
 }
 
 fn goal_status(
-    tx: &dyn StoreTx,
+    tx: &dyn StoreRead,
     goal: Goal,
     installed: &[String],
     now: i64,

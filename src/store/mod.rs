@@ -1,14 +1,19 @@
-//! The `Store` trait: the only path to durable state.
+//! The store seam: the only path to durable state.
 //!
 //! The kernel decides; the store persists. Every kernel command runs inside exactly one store
 //! transaction (`begin_write` takes the write lock up front, like SQLite's `BEGIN IMMEDIATE`), so a
-//! command either happens completely or not at all. Keeping SQL behind this trait is what lets a
-//! PostgreSQL backend be an addition rather than a rewrite.
+//! command either happens completely or not at all. Reads and writes are different types: a read
+//! snapshot is a [`StoreRead`], which has no write method, so "reads are pure" is checked by the
+//! compiler. A backend is chosen by [`Backend`] and opened by [`open`]/[`create`]; nothing outside
+//! this module names one, so a second backend is an addition rather than a rewrite. It fills
+//! [`Store`], [`StoreRead`] and [`StoreTx`]; the projection cache ([`ProjectionCache`]) is an
+//! optional speed-up it may leave out. `conformance` holds the properties every backend keeps.
 
 mod migrations;
 mod sqlite;
 
-pub use sqlite::SqliteStore;
+use std::path::Path;
+
 pub(crate) use sqlite::sync_directory;
 pub use sqlite::{DAMAGE_MARKER, damage_marker, mark_damaged};
 
@@ -41,8 +46,8 @@ pub struct ArtifactRecord {
     pub recorded_at: i64,
 }
 
-/// Where a todo stands in the listing order of [`StoreTx::todos`] (priority, then creation).
-/// Sorting by it puts todos visited by [`StoreTx::for_each_todo`] in that order.
+/// Where a todo stands in the listing order of [`StoreRead::todos`] (priority, then creation).
+/// Sorting by it puts todos visited by [`StoreRead::for_each_todo`] in that order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TodoOrder {
     priority_rank: i64,
@@ -56,7 +61,7 @@ impl TodoOrder {
 }
 
 /// A todo's rendered projection lines with what orders and counts it: the shape lines are cached
-/// in ([`StoreTx::cache_projected_todo`]) and served back in ([`ProjectedTodo::Cached`]).
+/// in ([`ProjectionCacheTx::cache_projected_todo`]) and served back in ([`ProjectedTodo::Cached`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TodoLines<'a> {
     pub order: TodoOrder,
@@ -66,67 +71,75 @@ pub struct TodoLines<'a> {
     pub md: &'a str,
 }
 
-/// A todo as [`StoreTx::for_each_projected_todo`] yields it.
+/// A todo as [`ProjectionCache::for_each_projected_todo`] yields it.
 pub enum ProjectedTodo<'a> {
-    /// Lines cached by [`StoreTx::cache_projected_todo`] in the requested format, still the
+    /// Lines cached by [`ProjectionCacheTx::cache_projected_todo`] in the requested format, still the
     /// todo's own (it has not been written since).
     Cached(TodoLines<'a>),
     /// No valid cached lines, or lines that depend on the time (a claimed todo): the todo itself.
     Uncached(&'a Todo, TodoOrder),
 }
 
-/// A backend that can open read snapshots and serialized write transactions.
-pub trait Store {
-    /// A consistent read snapshot. Never writes, never takes the write lock.
-    fn begin_read(&mut self) -> Result<Box<dyn StoreTx + '_>>;
-    /// A write transaction holding the store's write lock from the start.
-    fn begin_write(&mut self) -> Result<Box<dyn StoreTx + '_>>;
-    /// Full integrity check (slow; for `doctor`). Returns the problems found.
-    fn integrity_check(&mut self) -> Result<Vec<String>>;
-    /// Schema version the store is at.
-    fn schema_version(&mut self) -> Result<i64>;
+/// Which backend holds a project's state. Only SQLite today; the variant is the one place a
+/// second backend is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    #[default]
+    Sqlite,
 }
 
-/// Queries and writes inside one transaction. Write methods fail on a read snapshot.
-pub trait StoreTx {
-    fn commit(self: Box<Self>) -> Result<()>;
+/// Creates the database of a new project at `db` with `backend` (and runs its migrations).
+pub fn create(backend: Backend, db: &Path) -> Result<Box<dyn Store>> {
+    match backend {
+        Backend::Sqlite => Ok(Box::new(sqlite::SqliteStore::create(db)?)),
+    }
+}
 
+/// Opens the existing database of a project at `db` with `backend`. Never creates one.
+pub fn open(backend: Backend, db: &Path) -> Result<Box<dyn Store>> {
+    match backend {
+        Backend::Sqlite => Ok(Box::new(sqlite::SqliteStore::open(db)?)),
+    }
+}
+
+/// A backend that can open read snapshots and serialized write transactions. `Send`, so a
+/// kernel that owns one can move to another thread (a server holds one per thread).
+pub trait Store: Send {
+    /// A consistent read snapshot. Never writes, never takes the write lock. Taken through
+    /// `&self`: a snapshot opened while another is open on the same handle reads inside it.
+    fn begin_read(&self) -> Result<Box<dyn StoreRead + '_>>;
+    /// A write transaction holding the store's write lock from the start.
+    fn begin_write(&mut self) -> Result<Box<dyn StoreTx + '_>>;
+    /// Full integrity check of the storage (slow; for `doctor`). Returns the problems found.
+    fn integrity_check(&self) -> Result<Vec<String>>;
+    /// The content problems a storage check cannot see (for `doctor`; reads every row): values
+    /// that do not decode, stored JSON that does not parse, dangling references.
+    fn content_problems(&self) -> Result<Vec<String>>;
+    /// Schema version the store is at.
+    fn schema_version(&self) -> Result<i64>;
+    /// Writes a consistent copy of the whole store to `dest`, never replacing an existing file;
+    /// returns the number of pages (or the backend's unit) copied.
+    fn backup_to(&self, dest: &Path) -> Result<u64>;
+}
+
+/// Queries inside one transaction, read snapshot or write. Has no method that writes.
+pub trait StoreRead {
     // Goals (layer 1 registry + layer 2 goal state).
-    fn insert_goal(&self, goal: &Goal) -> Result<()>;
     fn goal(&self, id: &str) -> Result<Option<Goal>>;
     fn goals(&self) -> Result<Vec<Goal>>;
-    fn update_goal(&self, goal: &Goal) -> Result<()>;
     fn goal_ids_with_status(&self, status: GoalStatus) -> Result<Vec<String>>;
 
     // Todos, dependencies, claims.
-    fn insert_todo(&self, todo: &Todo) -> Result<()>;
-    fn update_todo(&self, todo: &Todo) -> Result<()>;
     fn todo(&self, goal_id: &str, todo_id: &str) -> Result<Option<Todo>>;
     /// Every todo of a goal, by priority and then creation order.
     fn todos(&self, goal_id: &str) -> Result<Vec<Todo>>;
     /// Calls `visit` for every todo of a goal in storage order, with its place in the order of
-    /// [`StoreTx::todos`], without collecting them: the `&Todo` is one buffer refilled per row, so
+    /// [`StoreRead::todos`], without collecting them: the `&Todo` is one buffer refilled per row, so
     /// `refresh-state` renders 1,000 todos per tick without copying each one first.
     fn for_each_todo(
         &self,
         goal_id: &str,
         visit: &mut dyn FnMut(&Todo, TodoOrder) -> Result<()>,
-    ) -> Result<()>;
-    /// Like [`StoreTx::for_each_todo`], but a todo whose projection lines are cached in `format`
-    /// comes as those lines instead of being read and decoded in full.
-    fn for_each_projected_todo(
-        &self,
-        goal_id: &str,
-        format: i64,
-        visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
-    ) -> Result<()>;
-    /// Caches a todo's rendered projection lines; the next write of the todo clears them.
-    fn cache_projected_todo(
-        &self,
-        goal_id: &str,
-        todo_id: &str,
-        format: i64,
-        lines: &TodoLines<'_>,
     ) -> Result<()>;
     fn todo_count(&self, goal_id: &str) -> Result<i64>;
     /// Agent todos that are claimable at `now` with every dependency terminal, best first
@@ -144,27 +157,21 @@ pub trait StoreTx {
     fn bound_capabilities(&self, goal_id: &str) -> Result<Vec<String>>;
 
     // Evidence.
-    fn insert_evidence(&self, evidence: &Evidence) -> Result<i64>;
     fn evidence_for(&self, goal_id: &str, todo_id: &str) -> Result<Vec<Evidence>>;
     fn recent_evidence(&self, goal_id: &str, limit: usize) -> Result<Vec<Evidence>>;
 
     // Run log (layer 3) and history with reward overlays (layer 4).
-    fn insert_run(&self, run: &Run) -> Result<()>;
     fn run(&self, goal_id: &str, run_id: &str) -> Result<Option<Run>>;
     /// Newest first, at most `limit`, strictly older than `before` when given.
     fn runs(&self, goal_id: &str, limit: usize, before: Option<&str>) -> Result<Vec<Run>>;
     fn latest_run(&self, goal_id: &str, agent_id: Option<&str>) -> Result<Option<Run>>;
     fn run_count(&self, goal_id: &str) -> Result<i64>;
-    fn insert_reward(&self, reward: &Reward) -> Result<i64>;
     fn rewards_for_runs(&self, goal_id: &str, run_ids: &[String]) -> Result<Vec<Reward>>;
     fn recent_rewards(&self, goal_id: &str, limit: usize) -> Result<Vec<Reward>>;
 
     // Quota (layer 6).
     fn quota_policy(&self, goal_id: &str) -> Result<Option<QuotaPolicy>>;
-    fn set_quota_policy(&self, goal_id: &str, policy: &QuotaPolicy) -> Result<()>;
     fn ledger_entry(&self, effect_id: &str) -> Result<Option<LedgerEntry>>;
-    /// Inserts a ledger row; returns false (and writes nothing) when the effect id exists.
-    fn insert_ledger(&self, entry: &LedgerEntry) -> Result<bool>;
     /// Net slots (spends minus voids) recorded at or after `since`, optionally for one agent.
     fn spent_since(&self, goal_id: &str, since: i64, agent_id: Option<&str>) -> Result<i64>;
     /// Oldest spend time at or after `since` (when the window frees its next slot).
@@ -172,31 +179,24 @@ pub trait StoreTx {
     fn recent_ledger(&self, goal_id: &str, limit: usize) -> Result<Vec<LedgerEntry>>;
 
     // Operation log.
-    fn append_op(&self, op: &OpRecord) -> Result<()>;
     fn ops(&self, goal_id: Option<&str>, limit: usize) -> Result<Vec<OpRecord>>;
 
     // Extensions (layer 1 registry).
-    fn upsert_extension(&self, record: &ExtensionRecord) -> Result<()>;
     fn extension(&self, id: &str) -> Result<Option<ExtensionRecord>>;
     fn extensions(&self) -> Result<Vec<ExtensionRecord>>;
     /// Every recorded revision of an extension, newest first.
     fn extension_revisions(&self, id: &str) -> Result<Vec<ExtensionRecord>>;
-    fn set_extension_active(&self, id: &str, revision: Option<i64>, enabled: bool) -> Result<()>;
-    fn delete_extension(&self, id: &str) -> Result<()>;
     /// The recorded artifact digest for a component compiled for an engine fingerprint.
     fn component_artifact(
         &self,
         component_sha256: &str,
         engine_key: &str,
     ) -> Result<Option<ArtifactRecord>>;
-    /// Records (or replaces) the digest of the artifact just compiled from a verified component.
-    fn record_component_artifact(&self, record: &ArtifactRecord) -> Result<()>;
     /// Every recorded artifact digest (for `doctor`).
     fn component_artifacts(&self) -> Result<Vec<ArtifactRecord>>;
 
     // Turn journal.
     fn turn(&self, turn_key: &str) -> Result<Option<TurnRecord>>;
-    fn upsert_turn(&self, turn: &TurnRecord) -> Result<()>;
     fn unsettled_turns(&self, goal_id: Option<&str>) -> Result<Vec<TurnRecord>>;
     /// Quota slots held by the goal's unsettled turns that have not reached their spend phase:
     /// `(all agents, agent_id's)`. A turn reserves its slot in the transaction that starts it, so
@@ -211,4 +211,94 @@ pub trait StoreTx {
         status: Option<&str>,
         limit: usize,
     ) -> Result<Vec<TurnRecord>>;
+
+    /// The backend's projection cache, if it keeps one (see [`for_each_projected_todo`]).
+    fn projection_cache(&self) -> Option<&dyn ProjectionCache> {
+        None
+    }
+}
+
+/// Writes inside one write transaction, which also reads what it has written.
+pub trait StoreTx: StoreRead {
+    fn commit(self: Box<Self>) -> Result<()>;
+
+    // Goals (layer 1 registry + layer 2 goal state).
+    fn insert_goal(&self, goal: &Goal) -> Result<()>;
+    fn update_goal(&self, goal: &Goal) -> Result<()>;
+
+    // Todos, dependencies, claims.
+    fn insert_todo(&self, todo: &Todo) -> Result<()>;
+    fn update_todo(&self, todo: &Todo) -> Result<()>;
+
+    // Evidence.
+    fn insert_evidence(&self, evidence: &Evidence) -> Result<i64>;
+
+    // Run log (layer 3) and history with reward overlays (layer 4).
+    fn insert_run(&self, run: &Run) -> Result<()>;
+    fn insert_reward(&self, reward: &Reward) -> Result<i64>;
+
+    // Quota (layer 6).
+    fn set_quota_policy(&self, goal_id: &str, policy: &QuotaPolicy) -> Result<()>;
+    /// Inserts a ledger row; returns false (and writes nothing) when the effect id exists.
+    fn insert_ledger(&self, entry: &LedgerEntry) -> Result<bool>;
+
+    // Operation log.
+    fn append_op(&self, op: &OpRecord) -> Result<()>;
+
+    // Extensions (layer 1 registry).
+    fn upsert_extension(&self, record: &ExtensionRecord) -> Result<()>;
+    fn set_extension_active(&self, id: &str, revision: Option<i64>, enabled: bool) -> Result<()>;
+    fn delete_extension(&self, id: &str) -> Result<()>;
+    /// Records (or replaces) the digest of the artifact just compiled from a verified component.
+    fn record_component_artifact(&self, record: &ArtifactRecord) -> Result<()>;
+
+    // Turn journal.
+    fn upsert_turn(&self, turn: &TurnRecord) -> Result<()>;
+
+    /// The backend's projection cache, writable, if it keeps one.
+    fn projection_cache_tx(&self) -> Option<&dyn ProjectionCacheTx> {
+        None
+    }
+}
+
+/// Each todo's rendered projection lines, cached beside the todo so `refresh-state` copies the
+/// lines of unchanged todos instead of rendering every one. Optional: a backend without it
+/// renders every todo (see [`for_each_projected_todo`]), which is slower, never different.
+pub trait ProjectionCache {
+    /// Like [`StoreRead::for_each_todo`], but a todo whose projection lines are cached in `format`
+    /// comes as those lines instead of being read and decoded in full.
+    fn for_each_projected_todo(
+        &self,
+        goal_id: &str,
+        format: i64,
+        visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
+    ) -> Result<()>;
+}
+
+/// The write half of [`ProjectionCache`], reachable only from a write transaction.
+pub trait ProjectionCacheTx: ProjectionCache {
+    /// Caches a todo's rendered projection lines; the next write of the todo clears them.
+    fn cache_projected_todo(
+        &self,
+        goal_id: &str,
+        todo_id: &str,
+        format: i64,
+        lines: &TodoLines<'_>,
+    ) -> Result<()>;
+}
+
+/// Visits every todo of a goal like [`StoreRead::for_each_todo`], as the cached lines in
+/// `format` where the backend keeps a [`ProjectionCache`] with valid ones.
+pub fn for_each_projected_todo(
+    tx: &dyn StoreRead,
+    goal_id: &str,
+    format: i64,
+    visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
+) -> Result<()> {
+    match tx.projection_cache() {
+        Some(cache) => cache.for_each_projected_todo(goal_id, format, visit),
+        None => tx.for_each_todo(goal_id, &mut |todo, order| {
+            visit(ProjectedTodo::Uncached(todo, order))
+        }),
+    }
 }

@@ -1,0 +1,383 @@
+//! Tests of the SQLite backend's own choices (query plans, the WAL's life, the projection
+//! cache's encoding); the properties every backend keeps are in `store::conformance`.
+
+use super::projection_cache::{pack_view_key, unpack_view_key};
+use super::todos::OPEN_USER_TODO_IDS;
+use super::*;
+
+fn goal() -> Goal {
+    Goal {
+        id: "g".into(),
+        title: "G".into(),
+        objective: "o".into(),
+        success_criteria: Vec::new(),
+        status: GoalStatus::Active,
+        project_dir: None,
+        next_probe: None,
+        created_at: 1,
+        updated_at: 1,
+    }
+}
+
+fn todo(id: &str, priority: Priority, capability: Option<&str>, claimed: bool) -> Todo {
+    Todo {
+        id: id.into(),
+        goal_id: "g".into(),
+        role: Role::Agent,
+        kind: TodoKind::Task,
+        title: format!("title of {id}"),
+        detail: if claimed {
+            "long detail".into()
+        } else {
+            String::new()
+        },
+        priority,
+        status: if claimed {
+            TodoStatus::Claimed
+        } else {
+            TodoStatus::Open
+        },
+        depends_on: Vec::new(),
+        capability: capability.map(str::to_owned),
+        lane: None,
+        gate_scope: None,
+        claim: claimed.then(|| Claim {
+            agent_id: "a1".into(),
+            fence: 3,
+            expires_at: 9_000,
+            idempotency_key: "k".into(),
+            claimed_at: 1_000,
+        }),
+        last_fence: if claimed { 3 } else { 0 },
+        status_reason: claimed.then(|| "busy".to_owned()),
+        created_at: 5,
+        updated_at: 6,
+    }
+}
+
+/// Rows are visited in key order ("t10" before "t9") into one reused `Todo`; `todos()` must
+/// still come out by priority then creation, and no field may leak from one row to the next.
+#[test]
+fn todos_come_in_listing_order_and_reused_rows_do_not_leak() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+    let created = [
+        todo("t9", Priority::P2, Some("cap.a"), true),
+        Todo {
+            depends_on: vec!["t3".into(), "t9".into()],
+            ..todo("t10", Priority::P2, None, false)
+        },
+        todo("t2", Priority::P0, None, false),
+        todo("t1", Priority::P4, Some("cap.b"), false),
+        todo("t3", Priority::P0, None, true),
+    ];
+    {
+        let tx = store.begin_write().unwrap();
+        tx.insert_goal(&goal()).unwrap();
+        for t in &created {
+            tx.insert_todo(t).unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let tx = store.begin_read().unwrap();
+    let listed = tx.todos("g").unwrap();
+    let ids: Vec<&str> = listed.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["t2", "t3", "t9", "t10", "t1"]);
+    for t in &listed {
+        let original = created.iter().find(|c| c.id == t.id).unwrap();
+        assert_eq!(t, original, "{} read back exactly", t.id);
+    }
+    let mut visited = Vec::new();
+    tx.for_each_todo("g", &mut |t, order| {
+        visited.push((order, t.clone()));
+        Ok(())
+    })
+    .unwrap();
+    visited.sort_by_key(|(order, _)| *order);
+    let visited: Vec<Todo> = visited.into_iter().map(|(_, t)| t).collect();
+    assert_eq!(visited, listed);
+}
+
+/// The queries that pick a few todos select ids, then read each todo by key: what they return
+/// must still be whole todos (dependencies included) in listing order, filtered as before.
+#[test]
+fn ready_claimed_and_gate_queries_return_whole_todos_in_listing_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+    let live_claim = |t: Todo, expires_at: i64| Todo {
+        claim: t.claim.map(|c| Claim { expires_at, ..c }),
+        ..t
+    };
+    let with_status = |t: Todo, status: TodoStatus| Todo { status, ..t };
+    let gate = |id: &str, priority: Priority, status: TodoStatus| Todo {
+        role: Role::User,
+        kind: TodoKind::UserGate,
+        status,
+        ..todo(id, priority, None, false)
+    };
+    let created = [
+        todo("a", Priority::P1, None, false),
+        // Claimed, lease expired at 9,000: ready again.
+        todo("b", Priority::P0, None, true),
+        // Claimed, lease live at 10,000: a1's claim, not ready.
+        live_claim(todo("c", Priority::P0, None, true), 20_000),
+        // Depends on `a`, which is not completed: not ready.
+        Todo {
+            depends_on: vec!["a".into()],
+            ..todo("d", Priority::P0, None, false)
+        },
+        // Depends only on completed `f`: ready.
+        Todo {
+            depends_on: vec!["f".into()],
+            ..todo("e", Priority::P3, Some("cap.x"), false)
+        },
+        with_status(todo("f", Priority::P0, None, false), TodoStatus::Completed),
+        gate("u2", Priority::P2, TodoStatus::Open),
+        gate("u1", Priority::P1, TodoStatus::Open),
+        gate("u3", Priority::P0, TodoStatus::Completed),
+    ];
+    {
+        let tx = store.begin_write().unwrap();
+        tx.insert_goal(&goal()).unwrap();
+        for t in &created {
+            tx.insert_todo(t).unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let original = |id: &str| created.iter().find(|c| c.id == id).unwrap().clone();
+    let tx = store.begin_read().unwrap();
+    let now = 10_000;
+    assert_eq!(
+        tx.ready_todos("g", now, 10).unwrap(),
+        [original("b"), original("a"), original("e")]
+    );
+    assert_eq!(
+        tx.ready_todos("g", now, 2).unwrap(),
+        [original("b"), original("a")]
+    );
+    assert_eq!(tx.claimed_by("g", "a1", now).unwrap(), Some(original("c")));
+    assert_eq!(tx.claimed_by("g", "a2", now).unwrap(), None);
+    assert_eq!(
+        tx.open_user_todos("g").unwrap(),
+        [original("u1"), original("u2")]
+    );
+}
+
+#[test]
+fn sqlite_is_built_with_the_flags_of_cargo_config() {
+    // Without DISABLE_DIRSYNC, every write command pays an extra directory fsync on its first
+    // commit. It is one of the `LIBSQLITE3_FLAGS` in `.cargo/config.toml`, whose other
+    // settings (`HAVE_FDATASYNC` among them) compile_options does not list: a build that
+    // misses that file fails here.
+    let conn = Connection::open_in_memory().unwrap();
+    let options: Vec<String> = conn
+        .prepare("PRAGMA compile_options")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert!(
+        options.iter().any(|o| o == "DISABLE_DIRSYNC"),
+        "SQLite built without SQLITE_DISABLE_DIRSYNC: {options:?}"
+    );
+    // The full-text and R-tree modules, which LoopX never uses, are left out: each
+    // connection registered them, and FTS5 alone linked the math library into every process.
+    for unused in [
+        "ENABLE_FTS3",
+        "ENABLE_FTS5",
+        "ENABLE_RTREE",
+        "ENABLE_DBSTAT_VTAB",
+    ] {
+        assert!(
+            !options.iter().any(|o| o == unused),
+            "SQLite built with SQLITE_{unused}: {options:?}"
+        );
+    }
+}
+
+#[test]
+fn a_store_whose_wal_was_removed_reopens_with_its_data() {
+    // Another SQLite client closing the database last checkpoints and deletes the WAL; the
+    // next open creates it again (and syncs the directory, `sync_directory`).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("loopx.db");
+    {
+        let mut store = SqliteStore::create(&path).unwrap();
+        let tx = store.begin_write().unwrap();
+        tx.insert_goal(&goal()).unwrap();
+        tx.commit().unwrap();
+    }
+    assert!(wal_path(&path).exists());
+    let plain = Connection::open(&path).unwrap();
+    plain
+        .query_row("SELECT COUNT(*) FROM goals", [], |r| r.get::<_, i64>(0))
+        .unwrap();
+    plain.close().unwrap();
+    assert!(!wal_path(&path).exists(), "a plain close removes the WAL");
+    let mut store = SqliteStore::open(&path).unwrap();
+    assert!(wal_path(&path).exists());
+    let tx = store.begin_write().unwrap();
+    assert_eq!(tx.goal("g").unwrap().map(|g| g.title), Some("G".into()));
+    tx.insert_todo(&todo("t1", Priority::P1, None, false))
+        .unwrap();
+    tx.commit().unwrap();
+}
+
+#[test]
+fn the_wal_starts_over_in_place_across_fresh_connections() {
+    // Every command is a new connection that rebuilds the WAL index from the file. The WAL
+    // must still start over once past WAL_CHECKPOINT_FRAMES (bounded length) and must keep
+    // its blocks when it does (never truncated to nothing).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("loopx.db");
+    drop(SqliteStore::create(&path).unwrap());
+    let bound = (WAL_CHECKPOINT_FRAMES as u64 + 16) * (32 + 24 + 4096);
+    let mut longest = 0;
+    for i in 0..300 {
+        let mut store = SqliteStore::open(&path).unwrap();
+        let tx = store.begin_write().unwrap();
+        tx.insert_goal(&Goal {
+            id: format!("g{i}"),
+            ..goal()
+        })
+        .unwrap();
+        tx.commit().unwrap();
+        let len = std::fs::metadata(wal_path(&path)).unwrap().len();
+        assert!(
+            len <= bound,
+            "commit {i}: WAL of {len} bytes, bound {bound}"
+        );
+        assert!(
+            len >= longest,
+            "commit {i}: WAL cut from {longest} to {len} bytes"
+        );
+        longest = len;
+    }
+    assert!(longest > bound / 2, "the WAL never filled: {longest} bytes");
+    let store = SqliteStore::open(&path).unwrap();
+    assert!(store.integrity_check().unwrap().is_empty());
+    let tx = store.begin_read().unwrap();
+    assert_eq!(tx.goals().unwrap().len(), 300);
+}
+
+#[test]
+fn gate_ids_are_read_from_the_role_index_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+    let plan: Vec<String> = store
+        .conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {OPEN_USER_TODO_IDS}"))
+        .unwrap()
+        .query_map(["g"], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert!(
+        plan.iter().any(|step| step
+            .contains("USING COVERING INDEX todos_by_role_status (goal_id=? AND role=?)")),
+        "{plan:?}"
+    );
+}
+
+#[test]
+fn view_key_round_trips_every_role_status_and_order() {
+    for &role in Role::ALL {
+        for &status in TodoStatus::ALL {
+            for (rank, seq) in [(0, 0), (4, 1), (2, 123_456), (15, (1 << 44) - 1)] {
+                let lines = TodoLines {
+                    order: TodoOrder::new(rank, seq),
+                    role,
+                    status,
+                    json: "",
+                    md: "",
+                };
+                let key = pack_view_key(&lines).expect("fits");
+                assert_eq!(
+                    unpack_view_key(key),
+                    Some((lines.order, role, status)),
+                    "{role:?} {status:?} {rank} {seq}"
+                );
+            }
+        }
+    }
+    let too_far = TodoLines {
+        order: TodoOrder::new(0, 1 << 44),
+        role: Role::Agent,
+        status: TodoStatus::Open,
+        json: "",
+        md: "",
+    };
+    assert_eq!(pack_view_key(&too_far), None);
+    assert_eq!(unpack_view_key(-1), None);
+    assert_eq!(unpack_view_key(15 << 52), None, "no 16th role");
+}
+
+fn visit(tx: &dyn StoreRead, format: i64) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    crate::store::for_each_projected_todo(tx, "g", format, &mut |t| {
+        out.push(match t {
+            ProjectedTodo::Cached(lines) => (lines.json.to_owned(), Some(lines.md.to_owned())),
+            ProjectedTodo::Uncached(t, _) => (t.id.clone(), None),
+        });
+        Ok(())
+    })
+    .unwrap();
+    out.sort();
+    out
+}
+
+/// Lines are served only in the format they were cached in, never for a claimed todo, and
+/// never after the todo is written again.
+#[test]
+fn cached_lines_are_served_only_while_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+    let tx = store.begin_write().unwrap();
+    tx.insert_goal(&goal()).unwrap();
+    tx.insert_todo(&todo("t1", Priority::P1, None, false))
+        .unwrap();
+    tx.insert_todo(&todo("t2", Priority::P1, None, true))
+        .unwrap();
+    assert_eq!(
+        visit(&*tx, 1),
+        [("t1".to_owned(), None), ("t2".to_owned(), None)]
+    );
+    let lines = |json, md| TodoLines {
+        order: TodoOrder::new(1, 1),
+        role: Role::Agent,
+        status: TodoStatus::Open,
+        json,
+        md,
+    };
+    tx.projection_cache_tx()
+        .unwrap()
+        .cache_projected_todo("g", "t1", 1, &lines("J1", "M1"))
+        .unwrap();
+    tx.projection_cache_tx()
+        .unwrap()
+        .cache_projected_todo("g", "t2", 1, &lines("J2", "M2"))
+        .unwrap();
+    assert_eq!(
+        visit(&*tx, 1),
+        [
+            ("J1".to_owned(), Some("M1".to_owned())),
+            ("t2".to_owned(), None)
+        ],
+        "t1 cached; t2 is claimed, so its lines depend on the time"
+    );
+    assert_eq!(
+        visit(&*tx, 2),
+        [("t1".to_owned(), None), ("t2".to_owned(), None)],
+        "another format renders afresh"
+    );
+    let mut t1 = tx.todo("g", "t1").unwrap().unwrap();
+    t1.title = "changed".into();
+    tx.update_todo(&t1).unwrap();
+    assert_eq!(
+        visit(&*tx, 1),
+        [("t1".to_owned(), None), ("t2".to_owned(), None)],
+        "a write clears the lines"
+    );
+    tx.commit().unwrap();
+}
