@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::support::{Project, turn_run};
+use crate::support::{Project, turn_run, wait_for};
 use serde_json::Value;
 
 /// Host: logs "<agent> <todo>", works a little, completes its todo.
@@ -274,7 +274,11 @@ fn sigint_settles_the_turn_in_flight_and_stops() {
     let p = Project::with_goal_g();
     p.add_work("t1");
     p.add_work("t2");
-    let host = p.script("slow.sh", "cat >/dev/null\necho $$ > host.pid\nsleep 30\n");
+    // `host.finished` exists only if the host ran to its end: the interrupt must cut it short.
+    let host = p.script(
+        "slow.sh",
+        "cat >/dev/null\necho $$ > host.pid\nsleep 30\ntouch host.finished\n",
+    );
     let child = p.spawn(&[
         "--format",
         "json",
@@ -289,18 +293,18 @@ fn sigint_settles_the_turn_in_flight_and_stops() {
         &host,
     ]);
     let pid_file = p.file("host.pid");
-    let t0 = Instant::now();
-    while !pid_file.exists() && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(100));
+    wait_for(
+        "the first turn's host to start",
+        Duration::from_secs(30),
+        || std::fs::read_to_string(&pid_file).is_ok_and(|s| s.ends_with('\n')),
+    );
     unsafe {
         libc::kill(child.id() as i32, libc::SIGINT);
     }
     let out = child.wait_with_output().unwrap();
     assert!(
-        t0.elapsed() < Duration::from_secs(8),
-        "loop did not stop promptly"
+        !p.file("host.finished").exists(),
+        "the loop let the host run to its end instead of stopping it"
     );
     assert!(
         out.status.success(),

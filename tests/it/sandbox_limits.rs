@@ -1,5 +1,5 @@
 //! Sandbox limits: each hostile capability behaviour fails with its own named error that names the
-//! plugin and the limit, and the database is byte-for-byte unchanged (nothing reaches admission).
+//! plugin and the limit, and no row of any table of the database changes (nothing reaches admission).
 
 use crate::support::plugin::{Sandbox, extension, wasm};
 use loopx::plugin::invoke::{InvokeError, invoke_capability};

@@ -5,7 +5,7 @@
 
 use std::os::unix::process::ExitStatusExt;
 
-use crate::support::{Project, result_host, turn_run};
+use crate::support::{Project, alive, result_host, turn_run, wait_for};
 use serde_json::Value;
 
 /// Runs a validated completion turn that dies after `point`; returns the project and turn key.
@@ -233,24 +233,25 @@ fn other_agents_settle_orphaned_turns_of_the_goal() {
 /// A turn whose driver is alive is never touched by recovery (its lock is held).
 #[test]
 fn recovery_leaves_live_turns_alone() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let p = Project::with_goal_g();
     p.add_work("t1");
     p.add_work("t2");
+    // The host runs until the test lets it go, so recovery certainly meets a live driver.
     let slow = p.script(
         "slow.sh",
-        "cat >/dev/null\ntouch started\nsleep 3\nexit 1\n",
+        "cat >/dev/null\ntouch started\nwhile [ ! -e release ]; do sleep 0.05; done\nexit 1\n",
     );
     let a1 = p.spawn(&turn_run("a1", &[], &[&slow]));
-    let t0 = Instant::now();
-    while !p.file("started").exists() && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for("the host to start", Duration::from_secs(30), || {
+        p.file("started").exists()
+    });
     let turns = recover(&p);
     assert_eq!(turns.len(), 1);
     assert_eq!(turns[0]["status"], "in_progress", "{turns:?}");
     assert!(turns[0]["detail"].as_str().unwrap().contains("in flight"));
     assert_eq!(p.todo_status("t1"), "claimed");
+    std::fs::write(p.file("release"), "").unwrap();
     let out = a1.wait_with_output().unwrap();
     assert!(out.status.success());
     // The live driver settled its own turn.
@@ -263,7 +264,7 @@ fn recovery_leaves_live_turns_alone() {
 /// running anything again.
 #[test]
 fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let p = Project::with_goal_g();
     p.add_work("t1");
     let host = p.script(
@@ -273,39 +274,34 @@ fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
     // Unisolated, a host's child outlives a SIGKILLed driver until recovery finds it; isolated,
     // the PID namespace dies with the driver (next test).
     let mut child = p.spawn(&turn_run("a1", &["--isolation", "off"], &[&host]));
-    let pid_file = p.file("child.pid");
-    let t0 = Instant::now();
-    while !pid_file.exists() && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(100));
+    // A pid file is complete once it holds a line (the shell writes the number and a newline).
+    let read = |f: &str| -> Option<i32> {
+        let text = std::fs::read_to_string(p.file(f)).ok()?;
+        text.ends_with('\n').then(|| text.trim().parse().ok())?
+    };
+    wait_for(
+        "the host and its child to run",
+        Duration::from_secs(30),
+        || read("host.pid").is_some_and(alive) && read("child.pid").is_some_and(alive),
+    );
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    let read = |f: &str| -> i32 {
-        std::fs::read_to_string(p.file(f))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    let (host_pid, bg_pid) = (read("host.pid"), read("child.pid"));
-    let t1 = Instant::now();
-    while crate::support::alive(host_pid) && t1.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(!crate::support::alive(host_pid), "host survived loopx");
-    assert!(
-        crate::support::alive(bg_pid),
-        "precondition: the host's child is orphaned"
+    let (host_pid, bg_pid) = (read("host.pid").unwrap(), read("child.pid").unwrap());
+    wait_for(
+        "the host to die with loopx",
+        Duration::from_secs(10),
+        || !alive(host_pid),
     );
+    assert!(alive(bg_pid), "precondition: the host's child is orphaned");
     assert_eq!(p.todo_status("t1"), "claimed", "lease kept until recovery");
     let turns = recover(&p);
     assert_eq!(turns.len(), 1);
     assert_eq!(turns[0]["kind"], "host_failure");
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        !crate::support::alive(bg_pid),
-        "recovery kills what the turn left running"
+    // Recovery sent the kill; the process is gone once the kernel has reaped it.
+    wait_for(
+        "recovery to kill what the turn left running",
+        Duration::from_secs(10),
+        || !alive(bg_pid),
     );
     let j = p.journal(turns[0]["turn_key"].as_str().unwrap());
     let killed = j["data"]["orphans_killed"].as_array().unwrap();
@@ -318,7 +314,7 @@ fn sigkill_of_loopx_mid_host_leaves_nothing_running() {
 /// namespace's init goes with the process the driver started), before any recovery.
 #[test]
 fn sigkill_of_loopx_kills_an_isolated_host_and_its_children_at_once() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let p = Project::with_goal_g();
     p.add_work("t1");
     let host = p.script(
@@ -326,13 +322,10 @@ fn sigkill_of_loopx_kills_an_isolated_host_and_its_children_at_once() {
         "cat >/dev/null\n(setsid sleep 60 &)\nsleep 60 &\ntouch started\nsleep 60\n",
     );
     let mut child = p.spawn(&turn_run("a1", &["--isolation", "required"], &[&host]));
-    let t0 = Instant::now();
-    while !p.file("started").exists() && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(
-        crate::support::processes_in(p.path()).len() >= 3,
-        "precondition: the host and its children run"
+    wait_for(
+        "the host and its children to run",
+        Duration::from_secs(30),
+        || p.file("started").exists() && crate::support::processes_in(p.path()).len() >= 3,
     );
     child.kill().unwrap();
     child.wait().unwrap();

@@ -19,10 +19,11 @@ fn routes_follow_the_goal_state() {
     assert_eq!(ready["selected_todo"]["id"], "t1");
     assert!(ready["reason"].as_str().unwrap().contains("t1"));
 
-    // Planning wrote nothing: the todo is still open and unclaimed, no ops-visible change.
-    let before = p.json(&["todo", "list", "--goal-id", "g"]);
+    // Planning wrote nothing: no row of any table changed (the todo is still open and unclaimed,
+    // no operation logged, no turn journaled).
+    let before = p.db_dump(None);
     plan(&p, "a1");
-    assert_eq!(p.json(&["todo", "list", "--goal-id", "g"]), before);
+    assert_eq!(p.db_dump(None), before);
     assert_eq!(p.todo_status("t1"), "open");
 
     // Someone else holds the only todo: wait.

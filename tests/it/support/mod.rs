@@ -7,7 +7,7 @@
 pub mod plugin;
 pub mod turn;
 
-pub use turn::{alive, processes_in, result_host, turn_run, wait_until_gone};
+pub use turn::{alive, processes_in, result_host, turn_run, wait_for, wait_until_gone};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -177,6 +177,19 @@ pub fn processes_in(dir: &std::path::Path) -> Vec<i32> {
     found
 }
 
+/// Waits for `cond` to hold, checking every 20 ms; panics naming `what` if it has not within
+/// `limit`. The limit is a bound on a hang, not a claim about speed: set it generously.
+pub fn wait_for(what: &str, limit: std::time::Duration, mut cond: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Waits up to `limit` for [`processes_in`] to find nothing; returns what is still there.
 pub fn wait_until_gone(dir: &std::path::Path, limit: std::time::Duration) -> Vec<i32> {
     let t0 = std::time::Instant::now();
