@@ -14,6 +14,7 @@ mod goal;
 mod history;
 mod init;
 mod loop_cmd;
+mod next_action;
 pub mod output;
 mod probe;
 mod project_prompt;

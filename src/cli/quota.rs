@@ -4,7 +4,7 @@ use clap::Subcommand;
 use serde_json::json;
 
 use super::output::Output;
-use super::{Context, opt};
+use super::{Context, next_action, opt};
 use crate::clock::rfc3339;
 use crate::error::Result;
 use crate::kernel::quota::{PolicyPatch, QuotaView, SpendReceipt, SpendRequest};
@@ -111,17 +111,17 @@ pub fn run(ctx: &Context, cmd: QuotaCommand) -> Result<Output> {
     match cmd {
         QuotaCommand::ShouldRun { goal_id, agent_id } => {
             let d = kernel.should_run(&goal_id, &ctx.agent_id(agent_id.as_deref()))?;
-            let packet = d.to_packet();
-            let commands: Vec<String> =
-                packet["interaction_contract"]["cli_channel"]["next_cli_actions"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|v| v.as_str().map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-            let mut out = Output::new(packet)
+            let commands: Vec<String> = d
+                .next_actions()
+                .iter()
+                .map(next_action::command_line)
+                .collect();
+            let ops: Vec<String> = d
+                .operator_actions()
+                .iter()
+                .map(next_action::command_line)
+                .collect();
+            let mut out = Output::new(next_action::should_run_packet(&d))
                 .heading(format!(
                     "{}: {}",
                     if d.should_run() { "run" } else { "skip" },
@@ -154,7 +154,6 @@ pub fn run(ctx: &Context, cmd: QuotaCommand) -> Result<Output> {
             if !commands.is_empty() {
                 out = out.heading("Next commands").list(commands);
             }
-            let ops = d.operator_cli_actions();
             if !ops.is_empty() {
                 out = out.heading("Operator").list(ops);
             }

@@ -1,18 +1,20 @@
 //! `quota should-run`: the pure decision of what this agent may do next on a goal.
 //!
 //! It reads one snapshot and writes nothing (the reference appended an event on every call). The
-//! decision is one typed route plus the exact CLI commands that carry it out, so an agent host can
-//! execute the packet without interpreting prose.
+//! decision is one typed route plus the typed next actions that carry it out ([`NextAction`]):
+//! the kernel says what to do and with which ids and keys; a front end says how. The CLI renders
+//! each action as an exact `loopx` command (`cli::next_action`), so an agent host can execute the
+//! packet without interpreting prose; another front end renders the same values its own way.
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::quota::{QuotaView, view_in_tx};
+use super::quota::{QuotaState, QuotaView, view_in_tx};
 use super::{Kernel, require_goal};
 use crate::clock::{now_ms, rfc3339};
 use crate::error::Result;
 use crate::ids::validate_token;
-use crate::model::{GoalStatus, Role, Todo, TodoStatus, wire_enum};
+use crate::model::{GoalStatus, QuotaPolicy, Role, Todo, TodoStatus, wire_enum};
 use crate::store::StoreRead;
 
 pub const SHOULD_RUN_SCHEMA: &str = "loopx.should_run.v1";
@@ -30,12 +32,78 @@ wire_enum!(
     }
 );
 
+wire_enum!(
+    /// Why a todo was selected for the agent.
+    SelectedBy {
+        /// The agent already holds its lease: continue it.
+        CurrentClaim => "current_claim",
+        /// The best unclaimed ready todo: claim it before working.
+        Ready => "ready",
+    }
+);
+
+wire_enum!(
+    /// What the scheduler running this agent should do before asking again (`scheduler_hint`).
+    SchedulerAction {
+        RunNow => "run_now",
+        Stop => "stop",
+        BackoffUntilResumed => "backoff_until_resumed",
+        BackoffWaitingForUser => "backoff_waiting_for_user",
+        BackoffUntilStateChange => "backoff_until_state_change",
+        WaitForQuota => "wait_for_quota",
+        WaitForTurn => "wait_for_turn",
+    }
+);
+
+/// Something an agent or an operator can do next to move a decision on, with the data it needs.
+///
+/// A closed set: the kernel names the action and fills in the ids and keys; how it is carried out
+/// is the front end's business (the CLI renders each as one `loopx` command line, an HTTP view
+/// could render a form or a link). Text the actor must supply (evidence, a title, a decision) is
+/// not part of the action.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NextAction {
+    /// Lease `todo_id` under a claim key chosen so that a retried claim replays the same lease.
+    ClaimTodo {
+        goal_id: String,
+        todo_id: String,
+        agent_id: String,
+        idempotency_key: String,
+    },
+    /// Complete the leased todo with evidence of what changed and how it was checked.
+    CompleteTodo {
+        goal_id: String,
+        todo_id: String,
+        agent_id: String,
+        claim_key: String,
+    },
+    /// Record the run and rewrite the goal's projections.
+    RefreshState {
+        goal_id: String,
+        agent_id: String,
+        todo_id: String,
+    },
+    /// Spend the turn's compute slot, once, after the work is written back.
+    SpendSlot { goal_id: String, agent_id: String },
+    /// Add the next bounded step toward the goal's objective (the agent replans).
+    AddTodo { goal_id: String, agent_id: String },
+    /// An operator resolves a gate with a decision.
+    ResolveGate { goal_id: String, todo_id: String },
+    /// An operator looks at the installed extensions (to install or enable a missing one).
+    ListExtensions,
+    /// An operator looks at a goal's todos (to see which are bound to missing capabilities).
+    ListTodos { goal_id: String },
+    /// An operator gives the goal compute again.
+    SetCompute { goal_id: String, compute: f64 },
+    /// An operator resumes a paused goal.
+    ResumeGoal { goal_id: String },
+}
+
 /// Why a todo was selected.
 #[derive(Debug, Clone, Serialize)]
 pub struct SelectedTodo {
     pub todo: Todo,
-    /// `current_claim` (the agent already holds it) or `ready` (best unclaimed ready todo).
-    pub selected_by: &'static str,
+    pub selected_by: SelectedBy,
     /// The claim key the commands use: the held one, or a deterministic one for the next grant.
     pub claim_key: String,
 }
@@ -55,7 +123,7 @@ pub struct Decision {
     pub other_user_todos: Vec<Todo>,
     /// Capabilities bound by open todos that are not installed and enabled.
     pub missing_capabilities: Vec<String>,
-    pub scheduler_action: &'static str,
+    pub scheduler_action: SchedulerAction,
     pub next_check_after_seconds: u64,
     pub decided_at: i64,
     /// The live turn already working the lease this agent holds (route `wait`).
@@ -71,121 +139,90 @@ impl Decision {
         self.route == TurnRoute::ReadyForHost
     }
 
-    /// The commands the agent should run next, as argv vectors.
-    pub fn next_cli_argv(&self) -> Vec<Vec<String>> {
-        let g = &self.goal_id;
-        let a = &self.agent_id;
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    /// What the agent should do next, in order.
+    pub fn next_actions(&self) -> Vec<NextAction> {
+        let goal_id = self.goal_id.clone();
+        let agent_id = self.agent_id.clone();
         match self.route {
             TurnRoute::ReadyForHost => {
                 let sel = self
                     .selected_todo
                     .as_ref()
                     .expect("ready routes select a todo");
-                let t = &sel.todo.id;
-                let k = &sel.claim_key;
+                let todo_id = sel.todo.id.clone();
                 let mut out = Vec::new();
-                if sel.selected_by == "ready" {
-                    out.push(s(&[
-                        "loopx",
-                        "todo",
-                        "claim",
-                        "--goal-id",
-                        g,
-                        "--todo-id",
-                        t,
-                        "--agent-id",
-                        a,
-                        "--idempotency-key",
-                        k,
-                    ]));
+                if sel.selected_by == SelectedBy::Ready {
+                    out.push(NextAction::ClaimTodo {
+                        goal_id: goal_id.clone(),
+                        todo_id: todo_id.clone(),
+                        agent_id: agent_id.clone(),
+                        idempotency_key: sel.claim_key.clone(),
+                    });
                 }
-                out.push(s(&[
-                    "loopx",
-                    "todo",
-                    "complete",
-                    "--goal-id",
-                    g,
-                    "--todo-id",
-                    t,
-                    "--agent-id",
-                    a,
-                    "--claim-key",
-                    k,
-                    "--evidence",
-                    "<what changed and how it was checked>",
-                ]));
-                out.push(s(&[
-                    "loopx",
-                    "refresh-state",
-                    "--goal-id",
-                    g,
-                    "--agent-id",
-                    a,
-                    "--todo-id",
-                    t,
-                ]));
-                out.push(s(&[
-                    "loopx",
-                    "quota",
-                    "spend-slot",
-                    "--goal-id",
-                    g,
-                    "--agent-id",
-                    a,
-                ]));
+                out.push(NextAction::CompleteTodo {
+                    goal_id: goal_id.clone(),
+                    todo_id: todo_id.clone(),
+                    agent_id: agent_id.clone(),
+                    claim_key: sel.claim_key.clone(),
+                });
+                out.push(NextAction::RefreshState {
+                    goal_id: goal_id.clone(),
+                    agent_id: agent_id.clone(),
+                    todo_id,
+                });
+                out.push(NextAction::SpendSlot { goal_id, agent_id });
                 out
             }
-            TurnRoute::ReplanRequired => vec![s(&[
-                "loopx",
-                "todo",
-                "add",
-                "--goal-id",
-                g,
-                "--agent-id",
-                a,
-                "--title",
-                "<the next bounded step toward the objective>",
-            ])],
+            TurnRoute::ReplanRequired => vec![NextAction::AddTodo { goal_id, agent_id }],
             _ => Vec::new(),
         }
     }
 
-    /// Commands only an operator can run to unblock this decision.
-    pub fn operator_cli_actions(&self) -> Vec<String> {
-        let g = &self.goal_id;
+    /// What only an operator can do to unblock this decision.
+    pub fn operator_actions(&self) -> Vec<NextAction> {
+        let goal_id = self.goal_id.clone();
         match self.route {
             TurnRoute::UserActionRequired => self
                 .blocking_gates
                 .iter()
-                .map(|t| {
-                    format!(
-                        "loopx gate resolve --goal-id {g} --todo-id {} --comment \"<decision>\"",
-                        t.id
-                    )
+                .map(|t| NextAction::ResolveGate {
+                    goal_id: goal_id.clone(),
+                    todo_id: t.id.clone(),
                 })
                 .collect(),
-            TurnRoute::RepairRequired => vec![
-                "loopx extension list".to_string(),
-                format!("loopx todo list --goal-id {g}"),
-            ],
-            TurnRoute::Blocked if self.quota.state == "paused" => {
-                vec![format!("loopx quota set --goal-id {g} --compute 1")]
+            TurnRoute::RepairRequired => {
+                vec![
+                    NextAction::ListExtensions,
+                    NextAction::ListTodos { goal_id },
+                ]
             }
-            TurnRoute::Blocked => vec![format!("loopx goal resume --goal-id {g}")],
+            TurnRoute::Blocked if self.quota.state == QuotaState::Paused => {
+                // The default policy's share: what the goal had before an operator paused it,
+                // unless they had changed it.
+                vec![NextAction::SetCompute {
+                    goal_id,
+                    compute: QuotaPolicy::default().compute,
+                }]
+            }
+            TurnRoute::Blocked => vec![NextAction::ResumeGoal { goal_id }],
             _ => Vec::new(),
         }
     }
 
-    /// The compact JSON packet `quota should-run` prints (docs/cli.md, "Quota and the decision").
-    pub fn to_packet(&self) -> Value {
-        let argv = self.next_cli_argv();
-        let commands: Vec<String> = argv.iter().map(|a| shell_join(a)).collect();
-        let user_action_required = matches!(
+    /// Whether a person must act before the agent can (the packet's `user_channel`).
+    pub fn user_action_required(&self) -> bool {
+        matches!(
             self.route,
             TurnRoute::UserActionRequired | TurnRoute::RepairRequired
-        ) || (self.route == TurnRoute::Blocked
-            && self.quota.state == "paused");
+        ) || (self.route == TurnRoute::Blocked && self.quota.state == QuotaState::Paused)
+    }
+
+    /// The compact JSON packet documented in docs/cli.md (`quota should-run`), except the
+    /// rendered actions: `interaction_contract.cli_channel.next_cli_actions`/`next_cli_argv` and
+    /// `user_channel.operator_cli_actions` are filled in by the front end from [`Self::next_actions`]
+    /// and [`Self::operator_actions`] (the CLI: `cli::next_action::should_run_packet`).
+    pub fn to_packet(&self) -> Value {
+        let user_action_required = self.user_action_required();
         let mode = match self.route {
             TurnRoute::ReadyForHost => "bounded_delivery",
             TurnRoute::UserActionRequired => "user_gate",
@@ -211,7 +248,7 @@ impl Decision {
                 "lane": s.todo.lane,
                 "selected_by": s.selected_by,
                 "claim_key": s.claim_key,
-                "claim_required_before_work": s.selected_by == "ready",
+                "claim_required_before_work": s.selected_by == SelectedBy::Ready,
             })),
             "quota": {
                 "allowed_slots": self.quota.allowed_slots,
@@ -228,7 +265,6 @@ impl Decision {
                     "items": self.blocking_gates.iter().chain(self.other_user_todos.iter()).map(|t| json!({
                         "todo_id": t.id, "kind": t.kind, "title": t.title, "blocks_this_agent": t.gate_blocks(&self.agent_id),
                     })).collect::<Vec<_>>(),
-                    "operator_cli_actions": self.operator_cli_actions(),
                 },
                 "agent_channel": {
                     "must_attempt": self.should_run(),
@@ -236,8 +272,6 @@ impl Decision {
                     "missing_capabilities": self.missing_capabilities,
                 },
                 "cli_channel": {
-                    "next_cli_actions": commands,
-                    "next_cli_argv": argv,
                     "spend_policy": "spend once, after the completed work is written back",
                 },
             },
@@ -248,23 +282,6 @@ impl Decision {
             "decided_at": rfc3339(self.decided_at),
         })
     }
-}
-
-/// Joins argv into one shell-safe line (single quotes where needed).
-pub fn shell_join(argv: &[String]) -> String {
-    argv.iter()
-        .map(|a| {
-            if !a.is_empty()
-                && a.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_./:=@".contains(&b))
-            {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// Capabilities provided by enabled extensions, as `<extension>/<capability>`.
@@ -313,32 +330,32 @@ pub(crate) fn decide_in_tx(
         blocking_gates,
         other_user_todos,
         missing_capabilities,
-        scheduler_action: "backoff_until_state_change",
+        scheduler_action: SchedulerAction::BackoffUntilStateChange,
         next_check_after_seconds: 300,
         decided_at: now,
         working_turn: None,
     };
-    let (route, reason, action, after): (TurnRoute, String, &'static str, u64) = if goal.status
+    let (route, reason, action, after): (TurnRoute, String, SchedulerAction, u64) = if goal.status
         == GoalStatus::Closed
     {
         (
             TurnRoute::Blocked,
             format!("goal '{goal_id}' is closed"),
-            "stop",
+            SchedulerAction::Stop,
             0,
         )
     } else if goal.status == GoalStatus::Paused {
         (
             TurnRoute::Blocked,
             format!("goal '{goal_id}' is paused by an operator"),
-            "backoff_until_resumed",
+            SchedulerAction::BackoffUntilResumed,
             3600,
         )
-    } else if d.quota.state == "paused" {
+    } else if d.quota.state == QuotaState::Paused {
         (
             TurnRoute::Blocked,
             "compute quota is 0: automatic agent turns are paused".to_string(),
-            "backoff_until_resumed",
+            SchedulerAction::BackoffUntilResumed,
             3600,
         )
     } else if !d.missing_capabilities.is_empty() {
@@ -348,7 +365,7 @@ pub(crate) fn decide_in_tx(
                 "open todos are bound to capabilities that are not installed and enabled: {}",
                 d.missing_capabilities.join(", ")
             ),
-            "backoff_waiting_for_user",
+            SchedulerAction::BackoffWaitingForUser,
             600,
         )
     } else if let Some(g) = d.blocking_gates.first() {
@@ -358,10 +375,10 @@ pub(crate) fn decide_in_tx(
                 "gate '{}' (\"{}\") blocks agent '{agent_id}' until an operator resolves it",
                 g.id, g.title
             ),
-            "backoff_waiting_for_user",
+            SchedulerAction::BackoffWaitingForUser,
             600,
         )
-    } else if d.quota.state != "eligible" {
+    } else if d.quota.state != QuotaState::Eligible {
         let policy = &d.quota.policy;
         let after = tx
             .oldest_spend_since(goal_id, now - policy.window_ms())?
@@ -385,7 +402,7 @@ pub(crate) fn decide_in_tx(
                 "compute quota {}: {} of {} slots spent in the {}-hour window{running}",
                 d.quota.state, d.quota.spent_slots, d.quota.allowed_slots, policy.window_hours
             ),
-            "wait_for_quota",
+            SchedulerAction::WaitForQuota,
             after,
         )
     } else if let Some(held) = tx.claimed_by(goal_id, agent_id, now)? {
@@ -401,7 +418,7 @@ pub(crate) fn decide_in_tx(
             (
                 TurnRoute::Wait,
                 reason,
-                "wait_for_turn",
+                SchedulerAction::WaitForTurn,
                 WAIT_FOR_TURN_SECONDS,
             )
         } else {
@@ -413,10 +430,10 @@ pub(crate) fn decide_in_tx(
             let reason = format!("agent '{agent_id}' holds todo '{}'; continue it", held.id);
             d.selected_todo = Some(SelectedTodo {
                 todo: held,
-                selected_by: "current_claim",
+                selected_by: SelectedBy::CurrentClaim,
                 claim_key: key,
             });
-            (TurnRoute::ReadyForHost, reason, "run_now", 0)
+            (TurnRoute::ReadyForHost, reason, SchedulerAction::RunNow, 0)
         }
     } else if let Some(todo) = tx.ready_todos(goal_id, now, 1)?.pop() {
         let reason = format!(
@@ -426,10 +443,10 @@ pub(crate) fn decide_in_tx(
         let key = format!("{agent_id}.{}.f{}", todo.id, todo.last_fence + 1);
         d.selected_todo = Some(SelectedTodo {
             todo,
-            selected_by: "ready",
+            selected_by: SelectedBy::Ready,
             claim_key: key,
         });
-        (TurnRoute::ReadyForHost, reason, "run_now", 0)
+        (TurnRoute::ReadyForHost, reason, SchedulerAction::RunNow, 0)
     } else {
         let counts = tx.todo_status_counts(goal_id)?;
         let pending: i64 = counts
@@ -448,7 +465,7 @@ pub(crate) fn decide_in_tx(
                 format!(
                     "{pending} agent todos remain but none is ready for '{agent_id}' (claimed by others, blocked, deferred or waiting on dependencies)"
                 ),
-                "backoff_until_state_change",
+                SchedulerAction::BackoffUntilStateChange,
                 300,
             )
         } else {
@@ -456,7 +473,7 @@ pub(crate) fn decide_in_tx(
                 TurnRoute::ReplanRequired,
                 "no open agent todos remain: add the next todos or let an operator close the goal"
                     .to_string(),
-                "backoff_until_state_change",
+                SchedulerAction::BackoffUntilStateChange,
                 300,
             )
         }
@@ -473,20 +490,5 @@ impl Kernel {
     pub fn should_run(&mut self, goal_id: &str, agent_id: &str) -> Result<Decision> {
         validate_token("agent id", agent_id)?;
         self.read(|tx| decide_in_tx(tx, goal_id, agent_id, now_ms()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::shell_join;
-
-    #[test]
-    fn shell_quoting() {
-        let argv = vec![
-            "loopx".to_string(),
-            "--evidence".to_string(),
-            "it's done".to_string(),
-        ];
-        assert_eq!(shell_join(&argv), r"loopx --evidence 'it'\''s done'");
     }
 }

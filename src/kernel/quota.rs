@@ -13,7 +13,7 @@ use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input, not_found};
 use crate::ids::validate_token;
-use crate::model::{LedgerEntry, LedgerKind, QuotaPolicy};
+use crate::model::{LedgerEntry, LedgerKind, QuotaPolicy, wire_enum};
 
 /// `allowed_slots` and `per_agent_cap`: 0 pauses automatic turns.
 pub const SLOT_COUNT: RangeInclusive<i128> = 0..=1_000_000;
@@ -24,6 +24,20 @@ pub const WINDOW_HOURS: RangeInclusive<f64> = 0.01..=10_000.0;
 /// `slot_minutes`: at least 6 seconds, so a window never holds more slots than an `i64` counts
 /// (`1e-300` once meant 2^63 slots, quota off).
 pub const SLOT_MINUTES: RangeInclusive<f64> = 0.1..=10_000.0;
+
+wire_enum!(
+    /// Whether the quota lets an agent start a turn now, and if not, which limit stops it.
+    QuotaState {
+        /// Slots remain in the window (and under the agent's cap).
+        Eligible => "eligible",
+        /// The window's slots are used up (spent or held by running turns).
+        Throttled => "throttled",
+        /// This agent used up its per-agent cap; others may still run.
+        AgentCapped => "agent_capped",
+        /// Compute 0 (or no slots at all): automatic turns are off until an operator sets a quota.
+        Paused => "paused",
+    }
+);
 
 /// The quota situation of a goal (and optionally one agent) right now.
 #[derive(Debug, Clone, Serialize)]
@@ -37,8 +51,7 @@ pub struct QuotaView {
     pub agent_spent_slots: Option<i64>,
     pub agent_reserved_slots: Option<i64>,
     pub per_agent_cap: Option<i64>,
-    /// `eligible`, `throttled` (window used up), `agent_capped`, or `paused` (compute 0).
-    pub state: &'static str,
+    pub state: QuotaState,
     pub policy: QuotaPolicy,
 }
 
@@ -55,16 +68,16 @@ impl QuotaView {
         let (reserved, agent_reserved) = reserved;
         let agent_reserved = agent_spent.map(|_| agent_reserved);
         let state = if policy.compute <= 0.0 && policy.allowed_slots.is_none() || allowed <= 0 {
-            "paused"
+            QuotaState::Paused
         } else if spent + reserved >= allowed {
-            "throttled"
+            QuotaState::Throttled
         } else if let (Some(cap), Some(a), Some(r)) =
             (policy.per_agent_cap, agent_spent, agent_reserved)
             && a + r >= cap
         {
-            "agent_capped"
+            QuotaState::AgentCapped
         } else {
-            "eligible"
+            QuotaState::Eligible
         };
         QuotaView {
             allowed_slots: allowed,

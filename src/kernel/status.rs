@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use super::decision::installed_capabilities;
-use super::quota::{QuotaView, view_in_tx};
+use super::quota::{QuotaState, QuotaView, view_in_tx};
 use super::{Kernel, require_goal};
 use crate::clock::now_ms;
 use crate::error::Result;
@@ -130,7 +130,7 @@ fn goal_status(
                 (1, 0),
             ));
         }
-        if quota.state == "paused" {
+        if quota.state == QuotaState::Paused {
             queue.push(item(
                 &gid,
                 "operator",
@@ -163,7 +163,7 @@ fn goal_status(
             }
         }
         if let Some(t) = ready.first() {
-            let reason = if quota.state == "eligible" {
+            let reason = if quota.state == QuotaState::Eligible {
                 format!("{} ready todo(s)", ready_count)
             } else {
                 format!("{} ready todo(s), quota {}", ready_count, quota.state)

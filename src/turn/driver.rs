@@ -35,7 +35,10 @@ use crate::error::{LoopxError, Result, bad_input, conflict, not_found};
 use crate::ids::{new_ulid, validate_token};
 use crate::kernel::admission::admit_in_tx;
 use crate::kernel::claim::{ClaimRequest, MAX_TTL_SECONDS, claim_in_tx, release_in_tx};
-use crate::kernel::decision::{Decision, TurnRoute, WAIT_FOR_TURN_SECONDS, decide_in_tx};
+use crate::kernel::decision::{
+    Decision, SchedulerAction, SelectedBy, TurnRoute, WAIT_FOR_TURN_SECONDS, decide_in_tx,
+};
+use crate::kernel::quota::QuotaState;
 use crate::kernel::quota::{SpendRequest, spend_in_tx};
 use crate::kernel::run::record_run_in_tx;
 use crate::kernel::todo::check_capability_name;
@@ -534,7 +537,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
         let d = decide_in_tx(tx, &req.goal_id, &req.agent_id, now)?;
         let todo_id = match (&req.todo_id, d.route) {
             (Some(t), TurnRoute::ReadyForHost) => t.clone(),
-            (Some(t), TurnRoute::Wait) if d.quota.state == "eligible" => t.clone(),
+            (Some(t), TurnRoute::Wait) if d.quota.state == QuotaState::Eligible => t.clone(),
             (None, TurnRoute::ReadyForHost) => d
                 .selected_todo
                 .as_ref()
@@ -550,7 +553,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
             d.reason = format!(
                 "todo '{todo_id}' is being worked by turn '{working}'; one turn works a lease at a time"
             );
-            d.scheduler_action = "wait_for_turn";
+            d.scheduler_action = SchedulerAction::WaitForTurn;
             d.next_check_after_seconds = WAIT_FOR_TURN_SECONDS;
             d.working_turn = Some(working);
             return Ok(Err(d));
@@ -558,7 +561,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
         let held = d
             .selected_todo
             .as_ref()
-            .is_some_and(|s| s.selected_by == "current_claim" && s.todo.id == todo_id);
+            .is_some_and(|s| s.selected_by == SelectedBy::CurrentClaim && s.todo.id == todo_id);
         let creq = ClaimRequest {
             goal_id: req.goal_id.clone(),
             todo_id: Some(todo_id.clone()),

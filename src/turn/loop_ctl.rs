@@ -318,7 +318,8 @@ pub fn run_loop(
                 if req.until_idle {
                     let keep_waiting = disposition == LoopDisposition::Wait
                         && decision.route == TurnRoute::Wait
-                        && decision.scheduler_action != "wait_for_quota"
+                        && decision.scheduler_action
+                            != crate::kernel::decision::SchedulerAction::WaitForQuota
                         && others_working(kernel, &goal_id, &agent_id)?;
                     if !keep_waiting {
                         break (disposition, decision.route, format!("idle: {why}"));
