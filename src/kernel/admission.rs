@@ -9,7 +9,8 @@ use serde_json::json;
 
 use super::todo::{NewTodo, add_evidence, authorize_write, complete_in_tx, insert_new_todo};
 use super::transition::{
-    AdmissionReport, MAX_PROPOSAL_TEXT, MAX_PROPOSALS_PER_CALL, ProposalSource, Transition, Verdict,
+    AdmissionReport, MAX_PROPOSAL_TEXT, MAX_PROPOSALS_PER_CALL, ProposalSource, TextField,
+    Transition, Verdict,
 };
 use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
@@ -21,27 +22,6 @@ use crate::store::StoreTx;
 /// Why a proposal is refused; becomes the verdict's reason.
 type Refusal = String;
 
-fn texts(t: &Transition) -> Vec<(&'static str, &str)> {
-    match t {
-        Transition::AddTodo { title, detail, .. } => vec![("title", title), ("detail", detail)],
-        Transition::AttachEvidence { text, .. } => vec![("text", text)],
-        Transition::CompleteTodo { evidence, .. } => {
-            evidence.iter().map(|e| ("evidence", e.as_str())).collect()
-        }
-        Transition::BlockTodo { reason, .. } | Transition::DeferTodo { reason, .. } => {
-            vec![("reason", reason)]
-        }
-        Transition::OpenUserGate { title, detail, .. } => {
-            vec![("title", title), ("detail", detail)]
-        }
-        Transition::RequestReplan { reason }
-        | Transition::ScheduleWake { reason, .. }
-        | Transition::NoChange { reason } => {
-            vec![("reason", reason)]
-        }
-    }
-}
-
 /// Longest `artifact_path` a piece of evidence may name, in bytes.
 pub const MAX_ARTIFACT_PATH: usize = 1024;
 
@@ -51,7 +31,14 @@ pub const MAX_ARTIFACT_PATH: usize = 1024;
 /// checked by calling it on the `attach_evidence` they become (`turn::result`), so a path or digest
 /// refused in one form is refused in every form. Checks of artifact paths and digests belong here.
 pub fn check_proposal(t: &Transition) -> std::result::Result<(), Refusal> {
-    for (field, text) in texts(t) {
+    // Only prose is bounded here (references have the checks of whatever uses them: ids are
+    // tokens, paths and digests have their own limits below). Bounding references here too
+    // would change which refusal some proposals get today.
+    for (field, _, text) in t
+        .text_fields()
+        .into_iter()
+        .filter(|f| f.1 == TextField::Prose)
+    {
         if text.len() > MAX_PROPOSAL_TEXT {
             return Err(format!(
                 "{field} is {} bytes; the limit is {MAX_PROPOSAL_TEXT}",

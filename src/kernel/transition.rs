@@ -82,6 +82,100 @@ impl Transition {
     }
 }
 
+/// What a text field of a proposal holds, which decides the checks it gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextField {
+    /// Free text a person reads (a title, detail, evidence, a reason): admission bounds its size.
+    Prose,
+    /// A name or pointer (a todo id, lane, capability, artifact path or digest, agent id):
+    /// checked by the code that uses it, not bounded as prose by admission; the plugin host
+    /// bounds its size as it lifts it from a guest.
+    Reference,
+}
+
+impl Transition {
+    /// Every text field of the proposal, in declaration order, with its wire name and what it
+    /// holds. The one list of them: admission checks the prose ones
+    /// (`kernel::admission::check_proposal`) and the plugin host checks every one
+    /// (`plugin::sandbox`), so a field added to a variant is added here once for both.
+    pub fn text_fields(&self) -> Vec<(&'static str, TextField, &str)> {
+        use TextField::{Prose, Reference};
+        let mut v: Vec<(&'static str, TextField, &str)> = Vec::new();
+        match self {
+            Transition::AddTodo {
+                id,
+                title,
+                detail,
+                lane,
+                depends_on,
+                capability,
+                priority: _,
+                kind: _,
+            } => {
+                v.extend(id.as_deref().map(|id| ("id", Reference, id)));
+                v.push(("title", Prose, title));
+                v.push(("detail", Prose, detail));
+                v.extend(lane.as_deref().map(|l| ("lane", Reference, l)));
+                v.extend(
+                    depends_on
+                        .iter()
+                        .map(|d| ("depends_on", Reference, d.as_str())),
+                );
+                v.extend(capability.as_deref().map(|c| ("capability", Reference, c)));
+            }
+            Transition::AttachEvidence {
+                todo_id,
+                text,
+                artifact_path,
+                artifact_digest,
+            } => {
+                v.push(("todo_id", Reference, todo_id));
+                v.push(("text", Prose, text));
+                v.extend(
+                    artifact_path
+                        .as_deref()
+                        .map(|p| ("artifact_path", Reference, p)),
+                );
+                v.extend(
+                    artifact_digest
+                        .as_deref()
+                        .map(|d| ("artifact_digest", Reference, d)),
+                );
+            }
+            Transition::CompleteTodo { todo_id, evidence } => {
+                v.push(("todo_id", Reference, todo_id));
+                v.extend(evidence.as_deref().map(|e| ("evidence", Prose, e)));
+            }
+            Transition::BlockTodo { todo_id, reason }
+            | Transition::DeferTodo { todo_id, reason } => {
+                v.push(("todo_id", Reference, todo_id));
+                v.push(("reason", Prose, reason));
+            }
+            Transition::OpenUserGate {
+                title,
+                detail,
+                blocks_agent,
+                blocking: _,
+            } => {
+                v.push(("title", Prose, title));
+                v.push(("detail", Prose, detail));
+                v.extend(
+                    blocks_agent
+                        .as_deref()
+                        .map(|a| ("blocks_agent", Reference, a)),
+                );
+            }
+            Transition::RequestReplan { reason }
+            | Transition::ScheduleWake {
+                reason,
+                after_seconds: _,
+            }
+            | Transition::NoChange { reason } => v.push(("reason", Prose, reason)),
+        }
+        v
+    }
+}
+
 /// Who proposed a batch, and on whose behalf: admission checks leases against `agent_id`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ProposalSource {
@@ -154,5 +248,48 @@ mod tests {
         assert!(
             serde_json::from_str::<Transition>(r#"{"type":"resolve_gate","todo_id":"g"}"#).is_err()
         );
+    }
+
+    /// `text_fields` names every text a proposal carries, under its wire name: each variant with
+    /// every optional field set, compared with the strings its JSON holds (less the tag and the
+    /// enums, which are not free text).
+    #[test]
+    fn text_fields_name_every_text_of_every_variant() {
+        let full = [
+            r#"{"type":"add_todo","id":"i","title":"t","detail":"d","priority":"P2","kind":"task","lane":"l","depends_on":["a","b"],"capability":"c"}"#,
+            r#"{"type":"attach_evidence","todo_id":"t1","text":"x","artifact_path":"p","artifact_digest":"d"}"#,
+            r#"{"type":"complete_todo","todo_id":"t1","evidence":"e"}"#,
+            r#"{"type":"block_todo","todo_id":"t1","reason":"r"}"#,
+            r#"{"type":"defer_todo","todo_id":"t1","reason":"r"}"#,
+            r#"{"type":"open_user_gate","title":"t","detail":"d","blocking":true,"blocks_agent":"a"}"#,
+            r#"{"type":"request_replan","reason":"r"}"#,
+            r#"{"type":"schedule_wake","after_seconds":5,"reason":"r"}"#,
+            r#"{"type":"no_change","reason":"r"}"#,
+        ];
+        for text in full {
+            let t: Transition = serde_json::from_str(text).unwrap();
+            let json: serde_json::Value = serde_json::from_str(text).unwrap();
+            let mut expected: Vec<(String, String)> = Vec::new();
+            for (key, value) in json.as_object().unwrap() {
+                if matches!(key.as_str(), "type" | "priority" | "kind") {
+                    continue;
+                }
+                let strings: Vec<&serde_json::Value> = match value {
+                    serde_json::Value::Array(items) => items.iter().collect(),
+                    other => vec![other],
+                };
+                for s in strings.into_iter().filter_map(|v| v.as_str()) {
+                    expected.push((key.clone(), s.to_string()));
+                }
+            }
+            let mut actual: Vec<(String, String)> = t
+                .text_fields()
+                .into_iter()
+                .map(|(name, _, value)| (name.to_string(), value.to_string()))
+                .collect();
+            expected.sort();
+            actual.sort();
+            assert_eq!(actual, expected, "{text}");
+        }
     }
 }

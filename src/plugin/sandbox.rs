@@ -695,7 +695,7 @@ impl LoadedPlugin {
                     limit: MAX_DEPENDS_ON,
                 });
             }
-            for (field, text) in bindings::transition_texts(t) {
+            for (field, _, text) in t.text_fields() {
                 if text.len() > MAX_PROPOSAL_TEXT {
                     return Err(PluginError::StringTooLong {
                         plugin: self.label.clone(),
