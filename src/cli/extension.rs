@@ -1,8 +1,9 @@
 //! `loopx extension new|install|list|inspect|enable|disable|upgrade|rollback|remove`.
 //!
 //! Operators manage the WebAssembly extensions of a project here. Every check (manifest, API range,
-//! hashes, import audit against grants, precompile) lives in `plugin::registry`; this file turns flags
-//! into calls and describes the result. All but `new`, `list` and `inspect` are operator-only.
+//! hashes, import audit against grants, precompile) lives in `plugin::registry`, and who may change
+//! extensions (operators only: all but `new`, `list` and `inspect` change them) in the kernel's
+//! extension methods; this file turns flags into calls and describes the result.
 
 use std::path::PathBuf;
 
@@ -12,6 +13,7 @@ use serde_json::json;
 use super::Context;
 use super::output::Output;
 use crate::error::Result;
+use crate::kernel::Actor;
 use crate::model::ExtensionRecord;
 use crate::plugin::registry::{self, InstallMode, PluginHost, record_grants, record_manifest};
 use crate::plugin::{Kind, Limits, scaffold};
@@ -127,19 +129,29 @@ pub fn run(ctx: &Context, cmd: ExtensionCommand) -> Result<Output> {
     }
     let mut kernel = ctx.kernel()?;
     let host = PluginHost::for_project(kernel.paths());
-    let operator = |what: &str| ctx.operator_or_agent().require_operator(what);
+    let actor = ctx.operator_or_agent();
     match cmd {
         ExtensionCommand::New { .. } => unreachable!("handled above"),
-        ExtensionCommand::Install { dir, grants } => {
-            operator("install extensions")?;
-            install(&mut kernel, &host, ctx, dir, grants, InstallMode::Install)
-        }
-        ExtensionCommand::Upgrade { dir, grants } => {
-            operator("upgrade extensions")?;
-            install(&mut kernel, &host, ctx, dir, grants, InstallMode::Upgrade)
-        }
+        ExtensionCommand::Install { dir, grants } => install(
+            &mut kernel,
+            &host,
+            &actor,
+            ctx,
+            dir,
+            grants,
+            InstallMode::Install,
+        ),
+        ExtensionCommand::Upgrade { dir, grants } => install(
+            &mut kernel,
+            &host,
+            &actor,
+            ctx,
+            dir,
+            grants,
+            InstallMode::Upgrade,
+        ),
         ExtensionCommand::List => {
-            let exts = kernel.read(|tx| tx.extensions())?;
+            let exts = kernel.extensions()?;
             let rows = exts
                 .iter()
                 .map(|e| {
@@ -172,8 +184,7 @@ pub fn run(ctx: &Context, cmd: ExtensionCommand) -> Result<Output> {
             )
         }
         ExtensionCommand::Inspect { id } => {
-            let (rec, revisions) =
-                kernel.read(|tx| Ok((tx.extension(&id)?, tx.extension_revisions(&id)?)))?;
+            let (rec, revisions) = kernel.extension_with_revisions(&id)?;
             let rec = rec.ok_or_else(|| {
                 crate::error::not_found(format!(
                     "extension '{id}' is not installed; `loopx extension list` shows what is"
@@ -230,20 +241,17 @@ pub fn run(ctx: &Context, cmd: ExtensionCommand) -> Result<Output> {
             ))
         }
         ExtensionCommand::Enable { id } => {
-            operator("enable extensions")?;
-            let rec = registry::set_enabled(&mut kernel, &id, true)?;
+            let rec = kernel.set_extension_enabled(&actor, &id, true)?;
             Ok(Output::new(json!({"extension": record_json(&rec)}))
                 .heading(format!("Enabled {}", rec.id)))
         }
         ExtensionCommand::Disable { id } => {
-            operator("disable extensions")?;
-            let rec = registry::set_enabled(&mut kernel, &id, false)?;
+            let rec = kernel.set_extension_enabled(&actor, &id, false)?;
             Ok(Output::new(json!({"extension": record_json(&rec)}))
                 .heading(format!("Disabled {}", rec.id)))
         }
         ExtensionCommand::Rollback { id } => {
-            operator("roll back extensions")?;
-            let rec = registry::rollback(&mut kernel, &id)?;
+            let rec = kernel.rollback_extension(&actor, &id)?;
             Ok(
                 Output::new(json!({"extension": record_json(&rec)})).heading(format!(
                     "Rolled {} back to revision {} ({})",
@@ -252,8 +260,7 @@ pub fn run(ctx: &Context, cmd: ExtensionCommand) -> Result<Output> {
             )
         }
         ExtensionCommand::Remove { id } => {
-            operator("remove extensions")?;
-            let rec = registry::remove(&mut kernel, &host, &id)?;
+            let rec = registry::remove_as(&mut kernel, &host, &actor, &id)?;
             Ok(Output::new(json!({"removed": rec.id, "revision": rec.revision}))
                 .heading(format!("Removed {}", rec.id))
                 .para("Goal state is unchanged; todos bound to its capabilities now need repair (see `loopx quota should-run`)."))
@@ -264,6 +271,7 @@ pub fn run(ctx: &Context, cmd: ExtensionCommand) -> Result<Output> {
 fn install(
     kernel: &mut crate::kernel::Kernel,
     host: &PluginHost,
+    actor: &Actor,
     ctx: &Context,
     dir: PathBuf,
     grants: Vec<String>,
@@ -274,7 +282,7 @@ fn install(
     } else {
         ctx.cwd.join(dir)
     };
-    let r = host.install(kernel, &dir, &grants, &ctx.cwd, mode)?;
+    let r = host.install_as(kernel, actor, &dir, &grants, &ctx.cwd, mode)?;
     let rows = r
         .components
         .iter()

@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod claim;
 pub mod decision;
+pub mod extension;
 pub mod goal;
 pub mod projection;
 pub mod quota;

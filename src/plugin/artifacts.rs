@@ -82,7 +82,7 @@ pub fn verify_installed(kernel: &mut Kernel, cache_dir: &Path) -> Vec<FileCheck>
         detail,
         path,
     };
-    match kernel.read(|tx| tx.extensions()) {
+    match kernel.extensions() {
         Err(e) => out.push(fail(
             "extensions".into(),
             e.to_string(),
@@ -147,7 +147,7 @@ pub fn verify_installed(kernel: &mut Kernel, cache_dir: &Path) -> Vec<FileCheck>
             continue;
         };
         let check = format!("artifact {name}");
-        let record = match kernel.read(|tx| tx.component_artifact(sha, key)) {
+        let record = match kernel.component_artifact(sha, key) {
             Ok(r) => r,
             Err(e) => {
                 out.push(fail(check, e.to_string(), path));

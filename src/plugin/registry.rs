@@ -4,9 +4,10 @@
 //! will run, and it refuses before anything runs: manifest and API range validated, grants checked
 //! against declarations, every component hashed, compiled once into the cache, its real imports
 //! audited against kind and grants, its exports type-checked against the world (`{World}Pre::new`).
-//! Only then are the bytes copied into `.loopx/extensions/<id>/<revision>/` and the revision recorded
-//! in the registry through one kernel write transaction (with an operation-log entry). Loading
-//! re-verifies the recorded sha256 of the installed bytes (a mismatch is `Tampered`) and re-audits.
+//! Only then are the bytes copied into `.loopx/extensions/<id>/<revision>/` and the revision handed to
+//! the kernel (`Kernel::record_extension_revision`), which checks the actor, records it with an
+//! operation-log entry and rewrites the registry projection. Loading re-verifies the recorded sha256
+//! of the installed bytes (a mismatch is `Tampered`) and re-audits.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -18,7 +19,8 @@ use wasmtime::Engine;
 
 use crate::clock::now_ms;
 use crate::error::{LoopxError, Result, conflict, not_found};
-use crate::kernel::{Actor, Kernel, log_op};
+use crate::kernel::extension::{ExtensionChange, ExtensionRevision};
+use crate::kernel::{Actor, Kernel};
 use crate::model::ExtensionRecord;
 use crate::paths::ProjectPaths;
 use crate::store::ArtifactRecord;
@@ -284,7 +286,7 @@ impl PluginHost {
     ) -> PluginResult<Option<(wasmtime::component::Component, String)>> {
         let key = self.cache.engine_key().to_string();
         let record = kernel
-            .read(|tx| tx.component_artifact(sha, &key))
+            .component_artifact(sha, &key)
             .map_err(|e| PluginError::host("reading the artifact registry", e))?;
         let Some(record) = record else {
             return Ok(None);
@@ -299,7 +301,8 @@ impl PluginHost {
         }
     }
 
-    /// Installs (or upgrades) the extension in `dir` with the operator's `grants`.
+    /// Installs (or upgrades) the extension in `dir` with `grants`, as the operator (library
+    /// callers and tests that stand for one).
     pub fn install(
         &self,
         kernel: &mut Kernel,
@@ -308,8 +311,28 @@ impl PluginHost {
         cwd: &Path,
         mode: InstallMode,
     ) -> Result<InstallReport> {
+        self.install_as(kernel, &Actor::Operator, dir, grants, cwd, mode)
+    }
+
+    /// Installs (or upgrades) the extension in `dir` with `grants` on behalf of `actor`. The
+    /// kernel refuses anyone but an operator before anything is read or compiled, and records the
+    /// revision (which checks again).
+    pub fn install_as(
+        &self,
+        kernel: &mut Kernel,
+        actor: &Actor,
+        dir: &Path,
+        grants: &[String],
+        cwd: &Path,
+        mode: InstallMode,
+    ) -> Result<InstallReport> {
+        let change = match mode {
+            InstallMode::Install => ExtensionChange::Install,
+            InstallMode::Upgrade => ExtensionChange::Upgrade,
+        };
+        kernel.authorize_extension_change(actor, change)?;
         let manifest = Manifest::load(dir)?;
-        let existing = kernel.read(|tx| tx.extension(&manifest.id))?;
+        let existing = kernel.extension(&manifest.id)?;
         match (mode, &existing) {
             (InstallMode::Install, Some(rec)) => {
                 return Err(conflict(format!(
@@ -344,7 +367,7 @@ impl PluginHost {
         // From here on, any failure deletes the artifacts just written: a refused install leaves
         // no artifact behind (an unrecorded one would never be loaded, but it is clutter that
         // `doctor` would have to explain).
-        let revisions = match kernel.read(|tx| tx.extension_revisions(&manifest.id)) {
+        let revisions = match kernel.extension_revisions(&manifest.id) {
             Ok(r) => r,
             Err(e) => {
                 remove_artifacts(&written);
@@ -382,11 +405,6 @@ impl PluginHost {
             installed_at: now_ms(),
             revision,
         };
-        let op = if existing.is_some() {
-            "extension_upgrade"
-        } else {
-            "extension_install"
-        };
         let engine_key = self.cache.engine_key().to_string();
         let artifacts: Vec<ArtifactRecord> = components
             .iter()
@@ -397,27 +415,34 @@ impl PluginHost {
                 recorded_at: record.installed_at,
             })
             .collect();
-        let committed = kernel.write(|tx| {
-            tx.upsert_extension(&record)?;
-            // In the same transaction as the revision: an installed component always has its
-            // artifact's digest on record, and a recorded digest always belongs to an install.
-            for a in &artifacts {
-                tx.record_component_artifact(a)?;
-            }
-            log_op(
-                tx,
-                None,
-                &Actor::Operator,
-                op,
-                json!({"id": record.id, "version": record.version, "revision": revision, "grants": rendered, "components": hashes, "artifacts": artifacts.iter().map(|a| &a.artifact_sha256).collect::<Vec<_>>(), "engine_key": engine_key}),
-            )
-        });
+        let detail = json!({"id": record.id, "version": record.version, "revision": revision, "grants": rendered, "components": hashes, "artifacts": artifacts.iter().map(|a| &a.artifact_sha256).collect::<Vec<_>>(), "engine_key": engine_key});
+        // The mode the operator asked for, not what the registry held when it was read: the
+        // kernel checks it again in its transaction.
+        let change = if existing.is_some() {
+            ExtensionChange::Upgrade
+        } else {
+            ExtensionChange::Install
+        };
+        let revision_record = ExtensionRevision {
+            record,
+            artifacts,
+            detail,
+        };
+        let committed = kernel.record_extension_revision(actor, change, &revision_record);
         if let Err(e) = committed {
-            let _ = std::fs::remove_dir_all(&install_dir);
-            remove_artifacts(&written);
+            // Nothing recorded: the files of this revision are clutter no record points at. A
+            // failed projection after the commit cannot tell here, so only a refused or failed
+            // transaction (no row for this revision) removes them.
+            if kernel
+                .extension_revisions(&manifest.id)
+                .map(|revs| !revs.iter().any(|r| r.revision == revision))
+                .unwrap_or(true)
+            {
+                let _ = std::fs::remove_dir_all(&install_dir);
+                remove_artifacts(&written);
+            }
             return Err(e);
         }
-        kernel.write_registry_projection()?;
         Ok(InstallReport {
             id: manifest.id.clone(),
             version: manifest.version.clone(),
@@ -525,7 +550,7 @@ impl PluginHost {
         }
         let key = self.cache.engine_key().to_string();
         let record = kernel
-            .read(|tx| tx.component_artifact(&actual, &key))
+            .component_artifact(&actual, &key)
             .map_err(|e| PluginError::host("reading the artifact registry", e))?;
         let cached = match &record {
             Some(r) => {
@@ -611,18 +636,7 @@ impl PluginHost {
             artifact_sha256: compiled.artifact_sha256.clone(),
             recorded_at: now_ms(),
         };
-        let recorded = kernel.write(|tx| {
-            tx.record_component_artifact(&record)?;
-            // The host acts for the operator who installed the component: nothing about what it
-            // may do changes, only the compiled form of the same verified bytes.
-            log_op(
-                tx,
-                None,
-                &Actor::Operator,
-                "artifact_recompile",
-                json!({"plugin": label, "component": sha, "artifact": record.artifact_sha256, "engine_key": record.engine_key}),
-            )
-        });
+        let recorded = kernel.record_recompiled_artifact(label, &record);
         if recorded.is_err() {
             let _ = std::fs::remove_file(&compiled.path);
         }
@@ -638,9 +652,7 @@ impl PluginHost {
         kind: Kind,
     ) -> std::result::Result<LoadedPlugin, InvokeError> {
         let (ext, id) = split_name(name)?;
-        let rec = kernel
-            .read(|tx| tx.extension(ext))?
-            .ok_or_else(|| ext_not_found(ext))?;
+        let rec = kernel.extension(ext)?.ok_or_else(|| ext_not_found(ext))?;
         if !rec.enabled {
             return Err(PluginError::Disabled {
                 plugin: name.to_string(),
@@ -750,88 +762,33 @@ pub fn split_name(name: &str) -> Result<(&str, &str)> {
     }
 }
 
-/// Enables or disables an installed extension.
+/// Enables or disables an installed extension, as the operator (see
+/// [`Kernel::set_extension_enabled`] for any other actor).
 pub fn set_enabled(kernel: &mut Kernel, id: &str, enabled: bool) -> Result<ExtensionRecord> {
-    kernel
-        .write(|tx| {
-            let rec = tx.extension(id)?.ok_or_else(|| ext_not_found(id))?;
-            tx.set_extension_active(id, None, enabled)?;
-            log_op(
-                tx,
-                None,
-                &Actor::Operator,
-                if enabled {
-                    "extension_enable"
-                } else {
-                    "extension_disable"
-                },
-                json!({"id": id}),
-            )?;
-            Ok(ExtensionRecord { enabled, ..rec })
-        })
-        .and_then(|rec| {
-            kernel.write_registry_projection()?;
-            Ok(rec)
-        })
+    kernel.set_extension_enabled(&Actor::Operator, id, enabled)
 }
 
-/// Re-activates the newest revision older than the active one.
+/// Re-activates the newest revision older than the active one, as the operator (see
+/// [`Kernel::rollback_extension`]).
 pub fn rollback(kernel: &mut Kernel, id: &str) -> Result<ExtensionRecord> {
-    let rec = kernel.write(|tx| {
-        let active = tx.extension(id)?.ok_or_else(|| ext_not_found(id))?;
-        let revisions = tx.extension_revisions(id)?;
-        let previous = revisions
-            .iter()
-            .filter(|r| r.revision < active.revision)
-            .max_by_key(|r| r.revision)
-            .ok_or_else(|| {
-                crate::error::refused(format!(
-                    "extension '{id}' has no revision older than {} to roll back to",
-                    active.revision
-                ))
-            })?;
-        if !Path::new(&previous.install_dir).is_dir() {
-            return Err(LoopxError::Corrupt {
-                path: PathBuf::from(&previous.install_dir),
-                detail: format!(
-                    "revision {} of '{id}' has no installed files",
-                    previous.revision
-                ),
-            });
-        }
-        tx.set_extension_active(id, Some(previous.revision), active.enabled)?;
-        log_op(
-            tx,
-            None,
-            &Actor::Operator,
-            "extension_rollback",
-            json!({"id": id, "from": active.revision, "to": previous.revision}),
-        )?;
-        Ok(ExtensionRecord {
-            enabled: active.enabled,
-            ..previous.clone()
-        })
-    })?;
-    kernel.write_registry_projection()?;
-    Ok(rec)
+    kernel.rollback_extension(&Actor::Operator, id)
 }
 
-/// Forgets an extension (every revision) and deletes its files. Goal state is untouched: todos
-/// bound to its capabilities keep their binding, and should-run reports `repair_required` for them.
+/// Forgets an extension (every revision) as the operator and deletes its files.
 pub fn remove(kernel: &mut Kernel, host: &PluginHost, id: &str) -> Result<ExtensionRecord> {
-    let rec = kernel.write(|tx| {
-        let rec = tx.extension(id)?.ok_or_else(|| ext_not_found(id))?;
-        tx.delete_extension(id)?;
-        log_op(
-            tx,
-            None,
-            &Actor::Operator,
-            "extension_remove",
-            json!({"id": id, "revision": rec.revision}),
-        )?;
-        Ok(rec)
-    })?;
-    kernel.write_registry_projection()?;
+    remove_as(kernel, host, &Actor::Operator, id)
+}
+
+/// Forgets an extension (every revision) on behalf of `actor` (the kernel refuses anyone but an
+/// operator) and, once that committed, deletes its files. Goal state is untouched: todos bound to
+/// its capabilities keep their binding, and should-run reports `repair_required` for them.
+pub fn remove_as(
+    kernel: &mut Kernel,
+    host: &PluginHost,
+    actor: &Actor,
+    id: &str,
+) -> Result<ExtensionRecord> {
+    let rec = kernel.remove_extension(actor, id)?;
     host.remove_files(id)?;
     Ok(rec)
 }
