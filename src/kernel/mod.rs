@@ -16,6 +16,7 @@ pub mod run;
 pub mod status;
 pub mod todo;
 pub mod transition;
+pub mod turn_journal;
 
 use std::path::Path;
 

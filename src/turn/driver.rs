@@ -33,20 +33,16 @@ use super::{JournalStatus, Phase, TurnResultKind};
 use crate::clock::{now_ms, rfc3339};
 use crate::error::{LoopxError, Result, bad_input, conflict, not_found};
 use crate::ids::{new_ulid, validate_token};
-use crate::kernel::admission::admit_in_tx;
-use crate::kernel::claim::{ClaimRequest, MAX_TTL_SECONDS, claim_in_tx, release_in_tx};
-use crate::kernel::decision::{
-    Decision, SchedulerAction, SelectedBy, TurnRoute, WAIT_FOR_TURN_SECONDS, decide_in_tx,
-};
-use crate::kernel::quota::QuotaState;
-use crate::kernel::quota::{SpendRequest, spend_in_tx};
-use crate::kernel::run::record_run_in_tx;
+use crate::kernel::claim::MAX_TTL_SECONDS;
+use crate::kernel::decision::{Decision, TurnRoute};
 use crate::kernel::todo::check_capability_name;
 use crate::kernel::transition::{ProposalSource, Transition, Verdict};
-use crate::kernel::{Actor, Kernel, LeaseProof, require_goal};
+use crate::kernel::turn_journal::{
+    EffectOutcome, LeaseHeld, LeaseOutcome, PhaseEffect, PhaseWrite, StartTurn, TurnStart,
+};
+use crate::kernel::{Actor, Kernel};
 use crate::model::TurnRecord;
 use crate::model::{Run, TodoStatus};
-use crate::store::StoreTx;
 
 pub const JOURNAL_SCHEMA: &str = "loopx.turn_journal.v1";
 pub const OUTCOME_SCHEMA: &str = "loopx.turn_outcome.v1";
@@ -316,7 +312,7 @@ pub fn plan(kernel: &mut Kernel, goal_id: &str, agent_id: &str) -> Result<Decisi
 /// The journal row of a turn.
 pub fn inspect(kernel: &mut Kernel, turn_key: &str) -> Result<TurnRecord> {
     validate_token("turn key", turn_key)?;
-    kernel.read(|tx| tx.turn(turn_key))?.ok_or_else(|| {
+    kernel.turn(turn_key)?.ok_or_else(|| {
         not_found(format!(
             "no turn '{turn_key}' in the journal; turn keys are printed by `loopx turn run`"
         ))
@@ -334,12 +330,7 @@ pub fn list_turns(
     if limit == 0 {
         return Err(crate::error::bad_input("--limit must be at least 1"));
     }
-    kernel.read(|tx| {
-        if let Some(goal_id) = goal_id {
-            crate::kernel::require_goal(tx, goal_id)?;
-        }
-        tx.recent_turns(goal_id, status.map(JournalStatus::as_str), limit)
-    })
+    kernel.recent_turns(goal_id, status, limit)
 }
 
 /// The stored outcome of a turn (settled or not), without effects.
@@ -454,9 +445,7 @@ impl Drop for TurnLock {
     }
 }
 
-/// Test-only crash injection: SIGKILL this process right after `phase` committed. Compiled only
-/// with the `test-hooks` feature, which the crate's own test builds enable (Cargo.toml).
-#[cfg(feature = "test-hooks")]
+/// Test-only crash injection: SIGKILL this process right after `phase` committed.
 fn crash_hook(point: &str) {
     if std::env::var(CRASH_HOOK_ENV).is_ok_and(|p| p == point) {
         // SAFETY: plain syscalls; the process ends here.
@@ -467,10 +456,6 @@ fn crash_hook(point: &str) {
     }
 }
 
-/// Release builds and `cargo build` have no crash hook: the call sites compile to nothing.
-#[cfg(not(feature = "test-hooks"))]
-fn crash_hook(_point: &str) {}
-
 /// Runs one turn: settles the goal's orphaned turns (any agent's, whose driver is gone), decides,
 /// and (when the route
 /// is `ready_for_host`) claims, runs the host and settles every phase.
@@ -478,7 +463,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
     check_request(req)?;
     let started = Instant::now();
     if let Some(key) = &req.turn_key
-        && let Some(rec) = kernel.read(|tx| tx.turn(key))?
+        && let Some(rec) = kernel.turn(key)?
     {
         if rec.goal_id != req.goal_id || rec.agent_id != req.agent_id {
             return Err(conflict(format!(
@@ -533,51 +518,18 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
     let project_root = kernel.paths().project.clone();
     let started_ms = now_ms();
     let start_clock = Instant::now();
-    let start = kernel.write(|tx| {
-        let now = now_ms();
-        if tx.turn(&turn_key)?.is_some() {
-            return Err(conflict(format!(
-                "turn key '{turn_key}' was just used by another process; retry to replay it"
-            )));
-        }
-        let d = decide_in_tx(tx, &req.goal_id, &req.agent_id, now)?;
-        let todo_id = match (&req.todo_id, d.route) {
-            (Some(t), TurnRoute::ReadyForHost) => t.clone(),
-            (Some(t), TurnRoute::Wait) if d.quota.state == QuotaState::Eligible => t.clone(),
-            (None, TurnRoute::ReadyForHost) => d
-                .selected_todo
-                .as_ref()
-                .map(|s| s.todo.id.clone())
-                .expect("ready routes select a todo"),
-            _ => return Ok(Err(d)),
-        };
-        // Checked inside the transaction that would start the turn, so two overlapping turns of
-        // one agent cannot both pass it: the second never runs its host on the same fence.
-        if let Some((working, _)) = tx.unsettled_turn_on(&req.goal_id, &todo_id)? {
-            let mut d = d;
-            d.route = TurnRoute::Wait;
-            d.reason = format!(
-                "todo '{todo_id}' is being worked by turn '{working}'; one turn works a lease at a time"
-            );
-            d.scheduler_action = SchedulerAction::WaitForTurn;
-            d.next_check_after_seconds = WAIT_FOR_TURN_SECONDS;
-            d.working_turn = Some(working);
-            return Ok(Err(d));
-        }
-        let held = d
-            .selected_todo
-            .as_ref()
-            .is_some_and(|s| s.selected_by == SelectedBy::CurrentClaim && s.todo.id == todo_id);
-        let creq = ClaimRequest {
-            goal_id: req.goal_id.clone(),
-            todo_id: Some(todo_id.clone()),
-            agent_id: req.agent_id.clone(),
-            ttl_seconds: (req.timeout_seconds + LEASE_MARGIN_SECONDS).min(MAX_TTL_SECONDS),
-            idempotency_key: if held { None } else { Some(turn_key.clone()) },
-        };
-        let grant = claim_in_tx(tx, &creq, now)?;
-        let goal = require_goal(tx, &req.goal_id)?;
-        let todo = &grant.todo;
+    let actor = turn_actor(&req.agent_id, &turn_key);
+    let start = StartTurn {
+        turn_key: turn_key.clone(),
+        goal_id: req.goal_id.clone(),
+        agent_id: req.agent_id.clone(),
+        todo_id: req.todo_id.clone(),
+        ttl_seconds: (req.timeout_seconds + LEASE_MARGIN_SECONDS).min(MAX_TTL_SECONDS),
+    };
+    let mut journal: Option<JournalData> = None;
+    let start = kernel.start_turn(&actor, &start, |grant| {
+        let todo = grant.todo;
+        let goal = grant.goal;
         let capability = req
             .capability
             .clone()
@@ -622,7 +574,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
             "validator": req.validate_argv.is_some(),
             "result_schema": result_schema_hint(),
         });
-        let data = JournalData {
+        let mut data = JournalData {
             schema_version: JOURNAL_SCHEMA.to_string(),
             request,
             host_argv: host_argv.clone(),
@@ -633,7 +585,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
             cwd: host_cwd.to_string_lossy().into_owned(),
             project_root: project_root.to_string_lossy().into_owned(),
             claim,
-            route_reason: d.reason.clone(),
+            route_reason: grant.decision.reason.clone(),
             host: None,
             result: None,
             result_error: None,
@@ -653,29 +605,18 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
             settled_at: None,
             isolation,
         };
-        let mut data = data;
         data.timings_us.insert(
             "start".to_string(),
             start_clock.elapsed().as_micros() as u64,
         );
-        let rec = TurnRecord {
-            turn_key: turn_key.clone(),
-            goal_id: req.goal_id.clone(),
-            agent_id: req.agent_id.clone(),
-            todo_id: Some(todo_id),
-            status: JournalStatus::InProgress,
-            phases: Vec::new(),
-            data: serde_json::to_value(&data).expect("journal data serializes"),
-            created_at: now,
-            updated_at: now,
-            data_error: None,
-        };
-        tx.upsert_turn(&rec)?;
-        Ok(Ok((rec, data)))
+        let value = serde_json::to_value(&data).expect("journal data serializes");
+        journal = Some(data);
+        Ok(value)
     })?;
-    let (mut rec, mut data) = match start {
-        Ok(started) => started,
-        Err(decision) => {
+    let (mut rec, mut data) = match (start, journal) {
+        (TurnStart::Started(rec), Some(data)) => (rec, data),
+        (TurnStart::Started(_), None) => unreachable!("a started turn built its journal"),
+        (TurnStart::NotReady(decision), _) => {
             lock.finish();
             return Ok(TurnOutcome::not_ready(
                 &decision,
@@ -706,7 +647,7 @@ pub fn recover(
         validate_token("goal id", g)?;
     }
     let keys: Vec<String> = kernel
-        .read(|tx| tx.unsettled_turns(goal_id))?
+        .unsettled_turns(goal_id)?
         .into_iter()
         .filter(|t| agent_id.is_none_or(|a| t.agent_id == a))
         .map(|t| t.turn_key)
@@ -794,55 +735,59 @@ fn next_phase(rec: &TurnRecord, data: &JournalData) -> Phase {
     }
 }
 
-/// Commits `phase`: checks the row still has the phases we last saw, applies `effects`, appends
-/// the phase, and (for `terminal_closeout`) settles the status, all in one transaction.
+/// Commits `phase` through the kernel (`Kernel::commit_turn_phase`): the row must still have the
+/// phases we last saw; the kernel applies `effect`, `update` records its outcome in the journal
+/// data (returning the run row when this phase records it), and the phase is appended (settling
+/// the status on `terminal_closeout`), all in one transaction.
 fn commit_phase(
     kernel: &mut Kernel,
     rec: &mut TurnRecord,
     data: &mut JournalData,
     phase: Phase,
     started: Instant,
-    effects: impl FnOnce(&dyn StoreTx, &mut JournalData, i64) -> Result<()>,
+    effect: PhaseEffect,
+    update: impl FnOnce(EffectOutcome, &mut JournalData, i64) -> Result<Option<Run>>,
 ) -> Result<()> {
-    let mut next_rec = rec.clone();
     let mut next = data.clone();
-    kernel.write(|tx| {
-        let now = now_ms();
-        let current = tx.turn(&rec.turn_key)?.ok_or_else(|| {
-            not_found(format!("turn '{}' vanished from the journal", rec.turn_key))
-        })?;
-        if current.status != JournalStatus::InProgress || current.phases != rec.phases {
-            return Err(conflict(format!(
-                "turn '{}' was advanced by another process (now {} after [{}]); nothing was applied twice",
-                rec.turn_key,
-                current.status,
-                current
-                    .phases
-                    .iter()
-                    .map(|p| p.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
-        effects(tx, &mut next, now)?;
-        next_rec.phases.push(phase);
-        if phase == Phase::TerminalCloseout {
-            let kind = next.kind.unwrap_or(TurnResultKind::TerminalCloseoutFailed);
-            next_rec.status = kind.journal_status();
-            next.settled_at = Some(now);
-        }
-        next.timings_us.insert(
-            phase.as_str().to_string(),
-            started.elapsed().as_micros() as u64,
-        );
-        next_rec.data = serde_json::to_value(&next).expect("journal data serializes");
-        next_rec.updated_at = now;
-        tx.upsert_turn(&next_rec)
-    })?;
-    *rec = next_rec;
+    let actor = turn_actor(&rec.agent_id, &rec.turn_key);
+    let stored = kernel.commit_turn_phase(
+        &actor,
+        &rec.turn_key,
+        &rec.phases,
+        phase,
+        effect,
+        |outcome, now| {
+            let run = update(outcome, &mut next, now)?;
+            let settle = if phase == Phase::TerminalCloseout {
+                let kind = next.kind.unwrap_or(TurnResultKind::TerminalCloseoutFailed);
+                next.settled_at = Some(now);
+                Some(kind.journal_status())
+            } else {
+                None
+            };
+            next.timings_us.insert(
+                phase.as_str().to_string(),
+                started.elapsed().as_micros() as u64,
+            );
+            Ok(PhaseWrite {
+                data: serde_json::to_value(&next).expect("journal data serializes"),
+                settle,
+                run,
+            })
+        },
+    )?;
+    *rec = stored;
     *data = next;
     crash_hook(phase.as_str());
     Ok(())
+}
+
+/// The kernel handed a phase an outcome of another effect than the one it asked for.
+fn unexpected(phase: Phase, outcome: &EffectOutcome) -> LoopxError {
+    LoopxError::internal(
+        format!("committing turn phase {phase}"),
+        anyhow::anyhow!("unexpected effect outcome {outcome:?}"),
+    )
 }
 
 fn fail(data: &mut JournalData, kind: TurnResultKind, phase: Phase, why: String) {
@@ -970,11 +915,13 @@ fn make_run(rec: &TurnRecord, data: &JournalData, kind: TurnResultKind, now: i64
     }
 }
 
-fn turn_actor(rec: &TurnRecord, proof: Option<LeaseProof>) -> Actor {
+/// Who a turn's writes come from: its agent, inside the turn (the kernel refuses anyone else).
+/// The lease proof is the kernel's to attach: it releases the lease only if this turn holds it.
+fn turn_actor(agent_id: &str, turn_key: &str) -> Actor {
     Actor::Agent {
-        agent_id: rec.agent_id.clone(),
-        proof,
-        turn_key: Some(rec.turn_key.clone()),
+        agent_id: agent_id.to_string(),
+        proof: None,
+        turn_key: Some(turn_key.to_string()),
     }
 }
 
@@ -1031,88 +978,106 @@ fn advance(
                         ..ProcessOutcome::default()
                     },
                 };
-                commit_phase(kernel, rec, data, Phase::HostExecute, started, |_, d, _| {
-                    d.host = Some(outcome);
-                    Ok(())
-                })?;
+                commit_phase(
+                    kernel,
+                    rec,
+                    data,
+                    Phase::HostExecute,
+                    started,
+                    PhaseEffect::JournalOnly,
+                    |_, d, _| {
+                        d.host = Some(outcome);
+                        Ok(None)
+                    },
+                )?;
             }
             Phase::TypedResult => {
                 let host = data.host.clone().unwrap_or_default();
                 let key = rec.turn_key.clone();
-                commit_phase(kernel, rec, data, Phase::TypedResult, started, |_, d, _| {
-                    if !host.exited_ok() {
-                        let why = match parse_result(&host, &key) {
-                            Ok(_) => format!("host {}", host.describe()),
-                            Err(e) => format!("host {} (result: {e})", host.describe()),
-                        };
-                        fail(d, TurnResultKind::HostFailure, Phase::HostExecute, why);
-                        return Ok(());
-                    }
-                    match parse_result(&host, &key) {
-                        Ok(r) => d.result = Some(r),
-                        Err(e) => {
-                            d.result_error = Some(e.clone());
-                            fail(
-                                d,
-                                TurnResultKind::ValidationFailed,
-                                Phase::TypedResult,
-                                format!("host exited 0 but its result is malformed: {e}"),
-                            );
+                let effect = PhaseEffect::JournalOnly;
+                commit_phase(
+                    kernel,
+                    rec,
+                    data,
+                    Phase::TypedResult,
+                    started,
+                    effect,
+                    |_, d, _| {
+                        if !host.exited_ok() {
+                            let why = match parse_result(&host, &key) {
+                                Ok(_) => format!("host {}", host.describe()),
+                                Err(e) => format!("host {} (result: {e})", host.describe()),
+                            };
+                            fail(d, TurnResultKind::HostFailure, Phase::HostExecute, why);
+                            return Ok(None);
                         }
-                    }
-                    Ok(())
-                })?;
+                        match parse_result(&host, &key) {
+                            Ok(r) => d.result = Some(r),
+                            Err(e) => {
+                                d.result_error = Some(e.clone());
+                                fail(
+                                    d,
+                                    TurnResultKind::ValidationFailed,
+                                    Phase::TypedResult,
+                                    format!("host exited 0 but its result is malformed: {e}"),
+                                );
+                            }
+                        }
+                        Ok(None)
+                    },
+                )?;
             }
             Phase::Validation => {
                 let record = validate(kernel, rec, data);
-                commit_phase(kernel, rec, data, Phase::Validation, started, |_, d, _| {
-                    if !record.passed {
-                        fail(
-                            d,
-                            TurnResultKind::ValidationFailed,
-                            Phase::Validation,
-                            format!("validator rejected the result: {}", record.detail),
-                        );
-                    }
-                    d.validation = Some(record);
-                    Ok(())
-                })?;
+                let effect = PhaseEffect::JournalOnly;
+                commit_phase(
+                    kernel,
+                    rec,
+                    data,
+                    Phase::Validation,
+                    started,
+                    effect,
+                    |_, d, _| {
+                        if !record.passed {
+                            fail(
+                                d,
+                                TurnResultKind::ValidationFailed,
+                                Phase::Validation,
+                                format!("validator rejected the result: {}", record.detail),
+                            );
+                        }
+                        d.validation = Some(record);
+                        Ok(None)
+                    },
+                )?;
             }
             Phase::DurableWriteback => writeback(kernel, rec, data, started, &mut warnings)?,
             Phase::QuotaSpend => {
-                let req = SpendRequest {
-                    goal_id: rec.goal_id.clone(),
-                    agent_id: Some(rec.agent_id.clone()),
-                    slots: 1,
-                    effect_id: Some(format!("turn:{}", rec.turn_key)),
-                };
-                let actor = turn_actor(rec, None);
                 commit_phase(
                     kernel,
                     rec,
                     data,
                     Phase::QuotaSpend,
                     started,
-                    |tx, d, now| {
-                        match spend_in_tx(tx, &actor, &req, now) {
-                            Ok(receipt) => {
+                    PhaseEffect::Spend,
+                    |outcome, d, _| {
+                        match outcome {
+                            EffectOutcome::Spent(Ok(receipt)) => {
                                 d.spend = Some(SpendRecord {
                                     effect_id: receipt.entry.effect_id,
                                     slots: receipt.entry.slots,
                                     idempotent_replay: receipt.idempotent_replay,
                                 })
                             }
-                            Err(e @ (LoopxError::Internal { .. } | LoopxError::Corrupt { .. })) => {
-                                return Err(e);
-                            }
-                            Err(e) => fail(
+                            EffectOutcome::Spent(Err(e)) => fail(
                                 d,
                                 TurnResultKind::QuotaSpendFailed,
                                 Phase::QuotaSpend,
                                 e.to_string(),
                             ),
+                            other => return Err(unexpected(Phase::QuotaSpend, &other)),
                         }
-                        Ok(())
+                        Ok(None)
                     },
                 )?;
             }
@@ -1223,13 +1188,18 @@ fn writeback(
             Err(e) => (Vec::new(), Value::Null, Some(e)),
         }
     };
-    let source = ProposalSource {
-        goal_id: rec.goal_id.clone(),
-        agent_id: Some(rec.agent_id.clone()),
-        capability: data.capability.clone(),
-        turn_key: Some(rec.turn_key.clone()),
+    let effect = match &cap_error {
+        Some(_) => PhaseEffect::JournalOnly,
+        None => PhaseEffect::Admit {
+            source: ProposalSource {
+                goal_id: rec.goal_id.clone(),
+                agent_id: Some(rec.agent_id.clone()),
+                capability: data.capability.clone(),
+                turn_key: Some(rec.turn_key.clone()),
+            },
+            proposals: proposals.clone(),
+        },
     };
-    let actor = turn_actor(rec, None);
     let rec_snapshot = rec.clone();
     let mut run_written: Option<Run> = None;
     commit_phase(
@@ -1238,7 +1208,8 @@ fn writeback(
         data,
         Phase::DurableWriteback,
         started,
-        |tx, d, now| {
+        effect,
+        |outcome, d, now| {
             let mut wb = WritebackRecord {
                 capability: d.capability.clone(),
                 proposals: proposals.clone(),
@@ -1257,10 +1228,15 @@ fn writeback(
                     e.clone(),
                 );
                 d.writeback = Some(wb);
-                return Ok(());
+                return Ok(None);
             }
-            let report = admit_in_tx(tx, &source, &proposals, false, now)?;
-            let after = tx.todo(&rec_snapshot.goal_id, &todo_id)?.map(|t| t.status);
+            let EffectOutcome::Admitted {
+                report,
+                todo_status_after: after,
+            } = outcome
+            else {
+                return Err(unexpected(Phase::DurableWriteback, &outcome));
+            };
             wb.verdicts = report.verdicts.clone();
             wb.accepted = report.accepted;
             wb.refused = report.refused;
@@ -1296,10 +1272,9 @@ fn writeback(
                 k
             };
             let run = make_run(&rec_snapshot, d, kind, now);
-            record_run_in_tx(tx, &actor, &run)?;
             d.run_id = Some(run.id.clone());
-            run_written = Some(run);
-            Ok(())
+            run_written = Some(run.clone());
+            Ok(Some(run))
         },
     )?;
     if let Some(run) = run_written {
@@ -1318,7 +1293,6 @@ fn closeout(
     warnings: &mut Vec<String>,
 ) -> Result<()> {
     let snapshot = rec.clone();
-    let actor = turn_actor(rec, Some(LeaseProof::Fence(data.claim.fence)));
     let mut run_written: Option<Run> = None;
     commit_phase(
         kernel,
@@ -1326,31 +1300,27 @@ fn closeout(
         data,
         Phase::TerminalCloseout,
         started,
-        |tx, d, now| {
-            let todo_id = snapshot.todo_id.clone().unwrap_or_default();
-            let lease = match tx.todo(&snapshot.goal_id, &todo_id)? {
-                None => "not_held: the todo no longer exists".to_string(),
-                Some(t) => match &t.claim {
-                    None => "cleared".to_string(),
-                    Some(c) if c.fence != d.claim.fence || c.agent_id != snapshot.agent_id => {
-                        format!("not_held: taken over by {} (fence {})", c.agent_id, c.fence)
-                    }
-                    Some(_) => match release_in_tx(tx, &actor, &snapshot.goal_id, &todo_id, now) {
-                        Ok(_) => "released".to_string(),
-                        Err(e @ (LoopxError::Internal { .. } | LoopxError::Corrupt { .. })) => {
-                            return Err(e);
-                        }
-                        Err(e) => {
-                            fail(
-                                d,
-                                TurnResultKind::TerminalCloseoutFailed,
-                                Phase::TerminalCloseout,
-                                format!("the lease could not be released: {e}"),
-                            );
-                            format!("not_released: {e}")
-                        }
-                    },
-                },
+        PhaseEffect::Release(LeaseHeld::Fence(data.claim.fence)),
+        |outcome, d, now| {
+            let EffectOutcome::Lease(lease) = outcome else {
+                return Err(unexpected(Phase::TerminalCloseout, &outcome));
+            };
+            let lease = match lease {
+                LeaseOutcome::TodoGone => "not_held: the todo no longer exists".to_string(),
+                LeaseOutcome::Cleared => "cleared".to_string(),
+                LeaseOutcome::NotHeld(c) => {
+                    format!("not_held: taken over by {} (fence {})", c.agent_id, c.fence)
+                }
+                LeaseOutcome::Released(_) => "released".to_string(),
+                LeaseOutcome::Refused(e) => {
+                    fail(
+                        d,
+                        TurnResultKind::TerminalCloseoutFailed,
+                        Phase::TerminalCloseout,
+                        format!("the lease could not be released: {e}"),
+                    );
+                    format!("not_released: {e}")
+                }
             };
             d.lease = Some(lease);
             if d.kind.is_none() {
@@ -1361,14 +1331,14 @@ fn closeout(
                     "the turn reached closeout without a result kind".to_string(),
                 );
             }
-            if d.run_id.is_none() {
-                let kind = d.kind.expect("set above");
-                let run = make_run(&snapshot, d, kind, now);
-                record_run_in_tx(tx, &turn_actor(&snapshot, None), &run)?;
-                d.run_id = Some(run.id.clone());
-                run_written = Some(run);
+            if d.run_id.is_some() {
+                return Ok(None);
             }
-            Ok(())
+            let kind = d.kind.expect("set above");
+            let run = make_run(&snapshot, d, kind, now);
+            d.run_id = Some(run.id.clone());
+            run_written = Some(run.clone());
+            Ok(Some(run))
         },
     )?;
     if let Some(run) = run_written {
@@ -1376,7 +1346,7 @@ fn closeout(
     } else if let Some(run_id) = &data.run_id {
         // A recovered turn whose report was not written before the crash.
         if !kernel.paths().run_json(&rec.goal_id, run_id).exists()
-            && let Some(run) = kernel.read(|tx| tx.run(&rec.goal_id, run_id))?
+            && let Some(run) = kernel.run(&rec.goal_id, run_id)?
         {
             write_report(kernel, &run, warnings);
         }

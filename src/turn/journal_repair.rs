@@ -14,12 +14,12 @@ use serde_json::json;
 
 use super::driver::{ClaimInfo, JOURNAL_SCHEMA, JournalData, TurnOutcome, stored_outcome};
 use super::{JournalStatus, Phase, TurnResultKind};
-use crate::clock::now_ms;
-use crate::error::{Result, conflict, not_found};
+use crate::error::Result;
 use crate::ids::new_ulid;
-use crate::kernel::claim::release_in_tx;
-use crate::kernel::run::record_run_in_tx;
-use crate::kernel::{Actor, Kernel, LeaseProof};
+use crate::kernel::turn_journal::{
+    EffectOutcome, LeaseHeld, LeaseOutcome, PhaseEffect, PhaseWrite,
+};
+use crate::kernel::{Actor, Kernel};
 use crate::model::Run;
 use crate::model::TurnRecord;
 
@@ -58,133 +58,124 @@ pub(crate) fn settle_undecodable(
          nothing more was run or spent, and the lease was released if this turn still held it"
     );
     let mut written: Option<Run> = None;
-    kernel.write(|tx| {
-        let now = now_ms();
-        let current = tx.turn(&rec.turn_key)?.ok_or_else(|| {
-            not_found(format!("turn '{}' vanished from the journal", rec.turn_key))
-        })?;
-        if current.status != JournalStatus::InProgress || current.phases != rec.phases {
-            return Err(conflict(format!(
-                "turn '{}' was advanced by another process; nothing was applied twice",
-                rec.turn_key
-            )));
-        }
-        // The lease proof (fence, claim key) lived in the undecodable data, so ownership is read
-        // from the todo: this turn's agent holds it, and held it no later than the row's last
-        // write (a lease the agent claimed afterwards belongs to later work and is left alone).
-        let mut claim = ClaimInfo {
-            fence: 0,
-            claim_key: String::new(),
-            expires_at: 0,
-        };
-        let todo = match &rec.todo_id {
-            Some(id) => tx.todo(&rec.goal_id, id)?,
-            None => None,
-        };
-        let lease = match todo {
-            None => "not_held: the todo no longer exists".to_string(),
-            Some(t) => match &t.claim {
-                None => "cleared".to_string(),
-                Some(c) if c.agent_id != rec.agent_id || c.claimed_at > rec.updated_at => {
+    let actor = Actor::Agent {
+        agent_id: rec.agent_id.clone(),
+        proof: None,
+        turn_key: Some(rec.turn_key.clone()),
+    };
+    // The lease proof (fence, claim key) lived in the undecodable data, so ownership is read
+    // from the todo: this turn's agent holds it, and held it no later than the row's last write
+    // (a lease the agent claimed afterwards belongs to later work and is left alone).
+    let effect = PhaseEffect::Release(LeaseHeld::ClaimedBy(rec.updated_at));
+    kernel.commit_turn_phase(
+        &actor,
+        &rec.turn_key,
+        &rec.phases,
+        Phase::TerminalCloseout,
+        effect,
+        |outcome, now| {
+            let mut claim = ClaimInfo {
+                fence: 0,
+                claim_key: String::new(),
+                expires_at: 0,
+            };
+            let lease = match outcome {
+                EffectOutcome::Lease(LeaseOutcome::TodoGone) => {
+                    "not_held: the todo no longer exists".to_string()
+                }
+                EffectOutcome::Lease(LeaseOutcome::Cleared) => "cleared".to_string(),
+                EffectOutcome::Lease(LeaseOutcome::NotHeld(c)) => {
                     format!("not_held: held by {} (fence {})", c.agent_id, c.fence)
                 }
-                Some(c) => {
+                EffectOutcome::Lease(LeaseOutcome::Released(c)) => {
                     claim = ClaimInfo {
                         fence: c.fence,
                         claim_key: c.idempotency_key.clone(),
                         expires_at: c.expires_at,
                     };
-                    let actor = Actor::Agent {
-                        agent_id: rec.agent_id.clone(),
-                        proof: Some(LeaseProof::Fence(c.fence)),
-                        turn_key: Some(rec.turn_key.clone()),
-                    };
-                    release_in_tx(tx, &actor, &rec.goal_id, &t.id, now)?;
                     "released".to_string()
                 }
-            },
-        };
-        let kind = TurnResultKind::HostFailure;
-        // `durable_writeback` commits the turn's run row with it; every other settled turn gets
-        // exactly one here.
-        let run_id = if rec.phases.contains(&Phase::DurableWriteback) {
-            None
-        } else {
-            let run = Run {
-                id: new_ulid(),
-                goal_id: rec.goal_id.clone(),
-                agent_id: Some(rec.agent_id.clone()),
-                todo_id: rec.todo_id.clone(),
-                classification: kind.as_str().to_string(),
-                outcome: None,
-                summary: truncate(&format!("{kind}: {failure}"), 4000),
-                payload: json!({
-                    "turn_key": rec.turn_key,
-                    "kind": kind,
-                    "undecodable_journal": reason,
-                    "lease": lease,
-                }),
-                created_at: now,
+                EffectOutcome::Lease(LeaseOutcome::Refused(e)) => return Err(e),
+                other => {
+                    return Err(crate::error::LoopxError::internal(
+                        "settling an undecodable journal row",
+                        anyhow::anyhow!("unexpected effect outcome {other:?}"),
+                    ));
+                }
             };
-            let actor = Actor::Agent {
-                agent_id: rec.agent_id.clone(),
-                proof: None,
-                turn_key: Some(rec.turn_key.clone()),
+            let kind = TurnResultKind::HostFailure;
+            // `durable_writeback` commits the turn's run row with it; every other settled turn
+            // gets exactly one here.
+            let run = if rec.phases.contains(&Phase::DurableWriteback) {
+                None
+            } else {
+                Some(Run {
+                    id: new_ulid(),
+                    goal_id: rec.goal_id.clone(),
+                    agent_id: Some(rec.agent_id.clone()),
+                    todo_id: rec.todo_id.clone(),
+                    classification: kind.as_str().to_string(),
+                    outcome: None,
+                    summary: truncate(&format!("{kind}: {failure}"), 4000),
+                    payload: json!({
+                        "turn_key": rec.turn_key,
+                        "kind": kind,
+                        "undecodable_journal": reason,
+                        "lease": lease,
+                    }),
+                    created_at: now,
+                })
             };
-            record_run_in_tx(tx, &actor, &run)?;
-            let id = run.id.clone();
-            written = Some(run);
-            Some(id)
-        };
-        // Written as JSON rather than a `JournalData` literal: fields the driver adds with a
-        // serde default (how the host was isolated, timings) then need nothing here, and the row
-        // is checked to decode as a journal before it is stored. `undecodable_data` is kept in
-        // the row for `turn inspect`; the driver ignores it.
-        let data = json!({
-            "schema_version": JOURNAL_SCHEMA,
-            "request": null,
-            "host_argv": [],
-            "validate_argv": null,
-            "timeout_ms": 0,
-            "trust_host_completion": false,
-            "capability": "",
-            "cwd": "",
-            "project_root": "",
-            "claim": claim,
-            "route_reason": "",
-            "host": null,
-            "result": null,
-            "result_error": null,
-            "validation": null,
-            "writeback": null,
-            "spend": null,
-            "lease": lease,
-            "kind": kind,
-            "failed_phase": null,
-            "failure": failure,
-            "run_id": run_id,
-            "recovered": true,
-            "orphans_killed": [],
-            "timings_us": {"terminal_closeout": 0},
-            "driver_pid": std::process::id(),
-            "started_at": rec.created_at,
-            "settled_at": now,
-            "undecodable_data": kept,
-        });
-        if let Err(e) = serde_json::from_value::<JournalData>(data.clone()) {
-            return Err(crate::error::LoopxError::internal(
-                "settling an undecodable journal row",
-                anyhow::anyhow!("the replacement journal does not decode: {e}"),
-            ));
-        }
-        let mut next = current.clone();
-        next.phases.push(Phase::TerminalCloseout);
-        next.status = JournalStatus::Failed;
-        next.data = data;
-        next.data_error = None;
-        next.updated_at = now;
-        tx.upsert_turn(&next)
-    })?;
+            let run_id = run.as_ref().map(|r| r.id.clone());
+            written = run.clone();
+            // Written as JSON rather than a `JournalData` literal: fields the driver adds with a
+            // serde default (how the host was isolated, timings) then need nothing here, and the
+            // row is checked to decode as a journal before it is stored. `undecodable_data` is
+            // kept in the row for `turn inspect`; the driver ignores it.
+            let data = json!({
+                "schema_version": JOURNAL_SCHEMA,
+                "request": null,
+                "host_argv": [],
+                "validate_argv": null,
+                "timeout_ms": 0,
+                "trust_host_completion": false,
+                "capability": "",
+                "cwd": "",
+                "project_root": "",
+                "claim": claim,
+                "route_reason": "",
+                "host": null,
+                "result": null,
+                "result_error": null,
+                "validation": null,
+                "writeback": null,
+                "spend": null,
+                "lease": lease,
+                "kind": kind,
+                "failed_phase": null,
+                "failure": failure,
+                "run_id": run_id,
+                "recovered": true,
+                "orphans_killed": [],
+                "timings_us": {"terminal_closeout": 0},
+                "driver_pid": std::process::id(),
+                "started_at": rec.created_at,
+                "settled_at": now,
+                "undecodable_data": kept,
+            });
+            if let Err(e) = serde_json::from_value::<JournalData>(data.clone()) {
+                return Err(crate::error::LoopxError::internal(
+                    "settling an undecodable journal row",
+                    anyhow::anyhow!("the replacement journal does not decode: {e}"),
+                ));
+            }
+            Ok(PhaseWrite {
+                data,
+                settle: Some(JournalStatus::Failed),
+                run,
+            })
+        },
+    )?;
     let mut warnings = Vec::new();
     if let Some(run) = written
         && let Err(e) = kernel.write_run_report(&run)
@@ -200,7 +191,7 @@ pub(crate) fn settle_undecodable(
 /// Every journal row that cannot be decoded, as `turn <key>: <reason>`, for `doctor`. Reads the
 /// whole journal once; writes nothing.
 pub fn undecodable_turns(kernel: &mut Kernel) -> Result<Vec<String>> {
-    let rows = kernel.read(|tx| tx.recent_turns(None, None, i64::MAX as usize))?;
+    let rows = kernel.recent_turns(None, None, i64::MAX as usize)?;
     Ok(rows
         .iter()
         .filter_map(|rec| {
