@@ -445,7 +445,9 @@ impl Drop for TurnLock {
     }
 }
 
-/// Test-only crash injection: SIGKILL this process right after `phase` committed.
+/// Test-only crash injection: SIGKILL this process right after `phase` committed. Compiled only
+/// with the `test-hooks` feature, which the crate's own test builds enable (Cargo.toml).
+#[cfg(feature = "test-hooks")]
 fn crash_hook(point: &str) {
     if std::env::var(CRASH_HOOK_ENV).is_ok_and(|p| p == point) {
         // SAFETY: plain syscalls; the process ends here.
@@ -455,6 +457,10 @@ fn crash_hook(point: &str) {
         std::process::abort();
     }
 }
+
+/// Release builds and `cargo build` have no crash hook: the call sites compile to nothing.
+#[cfg(not(feature = "test-hooks"))]
+fn crash_hook(_point: &str) {}
 
 /// Runs one turn: settles the goal's orphaned turns (any agent's, whose driver is gone), decides,
 /// and (when the route
