@@ -9,6 +9,8 @@
 //! [`Store`], [`StoreRead`] and [`StoreTx`]; the projection cache ([`ProjectionCache`]) is an
 //! optional speed-up it may leave out. `conformance` holds the properties every backend keeps.
 
+#[cfg(test)]
+mod conformance;
 mod migrations;
 mod sqlite;
 

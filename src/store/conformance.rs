@@ -1,0 +1,538 @@
+//! The properties every store backend keeps, written once against the traits.
+//!
+//! The kernel's rules (one lease holder, fences that never repeat, a spend counted once, quota
+//! windows, turn reservations, history pages) rest on these; a backend that passes them can sit
+//! under the kernel. Each property is a function taking a factory that opens a new handle on one
+//! fresh store (the first call creates it); [`run_all`] runs every one, and the test at the end
+//! runs them against SQLite. A second backend adds one such test.
+
+use std::sync::{Arc, Barrier};
+
+use super::{Store, StoreRead, StoreTx};
+use crate::model::{
+    Claim, Goal, GoalStatus, JournalStatus, LedgerEntry, LedgerKind, Phase, Priority, Role, Run,
+    Todo, TodoKind, TodoStatus, TurnRecord,
+};
+
+/// Opens a new handle on the store under test; every call reaches the same data.
+pub(crate) type Factory<'a> = &'a (dyn Fn() -> Box<dyn Store> + Sync);
+
+/// The factory of one store's handles, owned.
+pub(crate) type StoreFactory = Box<dyn Fn() -> Box<dyn Store> + Sync>;
+
+/// Makes a new, empty store and returns the factory of its handles.
+pub(crate) type Fresh<'a> = &'a dyn Fn() -> StoreFactory;
+
+/// One property: panics when the store under test breaks it.
+type Property = fn(Factory<'_>);
+
+/// Runs every property, each against a fresh store made by `fresh` (which returns the factory
+/// of a new, empty store).
+pub(crate) fn run_all(fresh: Fresh<'_>) {
+    let properties: &[(&str, Property)] = &[
+        ("claim race: one writer wins", claim_race_has_one_winner),
+        ("fences", fences_survive_release_and_bind_only_while_live),
+        (
+            "idempotent spend",
+            spend_with_the_same_effect_id_counts_once,
+        ),
+        ("quota window", quota_window_sums_at_its_boundaries),
+        (
+            "reserved slots",
+            unsettled_turns_reserve_slots_until_their_spend,
+        ),
+        ("journal", journal_upserts_and_lists_unsettled_turns),
+        (
+            "history paging",
+            history_pages_newest_first_without_duplicates,
+        ),
+        ("read snapshots", a_rolled_back_write_leaves_nothing),
+    ];
+    for (name, property) in properties {
+        let factory = fresh();
+        eprintln!("store conformance: {name}");
+        property(&*factory);
+    }
+}
+
+fn goal(id: &str) -> Goal {
+    Goal {
+        id: id.into(),
+        title: format!("goal {id}"),
+        objective: "o".into(),
+        success_criteria: Vec::new(),
+        status: GoalStatus::Active,
+        project_dir: None,
+        next_probe: None,
+        created_at: 1,
+        updated_at: 1,
+    }
+}
+
+fn todo(goal_id: &str, id: &str) -> Todo {
+    Todo {
+        id: id.into(),
+        goal_id: goal_id.into(),
+        role: Role::Agent,
+        kind: TodoKind::Task,
+        title: format!("todo {id}"),
+        detail: String::new(),
+        priority: Priority::P1,
+        status: TodoStatus::Open,
+        depends_on: Vec::new(),
+        capability: None,
+        lane: None,
+        gate_scope: None,
+        claim: None,
+        last_fence: 0,
+        status_reason: None,
+        created_at: 2,
+        updated_at: 2,
+    }
+}
+
+fn claim(agent_id: &str, fence: i64, expires_at: i64) -> Claim {
+    Claim {
+        agent_id: agent_id.into(),
+        fence,
+        expires_at,
+        idempotency_key: format!("key-{agent_id}-{fence}"),
+        claimed_at: 10,
+    }
+}
+
+fn ledger(effect_id: &str, agent: &str, slots: i64, at: i64) -> LedgerEntry {
+    LedgerEntry {
+        effect_id: effect_id.into(),
+        goal_id: "g".into(),
+        agent_id: Some(agent.into()),
+        run_id: None,
+        slots,
+        kind: if slots >= 0 {
+            LedgerKind::Spend
+        } else {
+            LedgerKind::Void
+        },
+        voids_effect_id: None,
+        created_at: at,
+    }
+}
+
+fn turn(key: &str, agent: &str, todo_id: Option<&str>, phases: &[Phase], at: i64) -> TurnRecord {
+    TurnRecord {
+        turn_key: key.into(),
+        goal_id: "g".into(),
+        agent_id: agent.into(),
+        todo_id: todo_id.map(str::to_owned),
+        status: JournalStatus::InProgress,
+        phases: phases.to_vec(),
+        data: serde_json::json!({ "request": key }),
+        created_at: at,
+        updated_at: at,
+        data_error: None,
+    }
+}
+
+/// Runs `f` in one write transaction of `store` and commits it.
+fn write(store: &mut dyn Store, f: impl FnOnce(&dyn StoreTx)) {
+    let tx = store.begin_write().expect("begin write");
+    f(&*tx);
+    tx.commit().expect("commit");
+}
+
+/// Runs `f` in one read snapshot of `store`.
+fn read<R>(store: &dyn Store, f: impl FnOnce(&dyn StoreRead) -> R) -> R {
+    let tx = store.begin_read().expect("begin read");
+    f(&*tx)
+}
+
+/// Two handles read an open todo and claim it at the same moment, each in its own write
+/// transaction: the transactions serialize, so the second sees the first's claim and exactly
+/// one claim is granted.
+pub(crate) fn claim_race_has_one_winner(open: Factory<'_>) {
+    let mut setup = open();
+    write(&mut *setup, |tx| {
+        tx.insert_goal(&goal("g")).unwrap();
+        tx.insert_todo(&todo("g", "t1")).unwrap();
+    });
+    drop(setup);
+    let barrier = Arc::new(Barrier::new(2));
+    let handles: Vec<_> = ["a1", "a2"]
+        .into_iter()
+        .map(|agent| {
+            let mut store = open();
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                let tx = store.begin_write().expect("begin write");
+                let mut t = tx.todo("g", "t1").unwrap().expect("todo exists");
+                let won = t.claim.is_none();
+                if won {
+                    t.last_fence += 1;
+                    t.claim = Some(claim(agent, t.last_fence, 1_000_000));
+                    t.status = TodoStatus::Claimed;
+                    tx.update_todo(&t).unwrap();
+                }
+                tx.commit().expect("commit");
+                (agent, won)
+            })
+        })
+        .collect();
+    let results: Vec<(&str, bool)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let winners: Vec<&str> = results.iter().filter(|r| r.1).map(|r| r.0).collect();
+    assert_eq!(winners.len(), 1, "exactly one claim granted: {results:?}");
+    let stored = read(&*open(), |tx| tx.todo("g", "t1").unwrap().unwrap());
+    let held = stored.claim.expect("the winner's claim is stored");
+    assert_eq!(held.agent_id, winners[0]);
+    assert_eq!((held.fence, stored.last_fence), (1, 1));
+}
+
+/// A claim's fence and the highest fence ever granted come back exactly; a released todo keeps
+/// its last fence; a claim binds (`claimed_by`, not `ready_todos`) only until it expires.
+pub(crate) fn fences_survive_release_and_bind_only_while_live(open: Factory<'_>) {
+    let mut store = open();
+    let mut t = todo("g", "t1");
+    write(&mut *store, |tx| {
+        tx.insert_goal(&goal("g")).unwrap();
+        tx.insert_todo(&t).unwrap();
+    });
+    t.claim = Some(claim("a1", 1, 100));
+    t.last_fence = 1;
+    t.status = TodoStatus::Claimed;
+    write(&mut *store, |tx| tx.update_todo(&t).unwrap());
+    read(&*store, |tx| {
+        assert_eq!(tx.todo("g", "t1").unwrap().as_ref(), Some(&t));
+        let held = tx.claimed_by("g", "a1", 99).unwrap().expect("live claim");
+        assert_eq!(held.claim.unwrap().fence, 1);
+        assert!(tx.claimed_by("g", "a2", 99).unwrap().is_none());
+        assert!(tx.ready_todos("g", 99, 10).unwrap().is_empty());
+        // At its expiry the claim no longer binds and the todo is claimable again.
+        assert!(tx.claimed_by("g", "a1", 100).unwrap().is_none());
+        let ready: Vec<String> = tx
+            .ready_todos("g", 100, 10)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(ready, ["t1"]);
+    });
+    // Released: the claim is gone, the fence it had is not.
+    t.claim = None;
+    t.status = TodoStatus::Open;
+    write(&mut *store, |tx| tx.update_todo(&t).unwrap());
+    let released = read(&*store, |tx| tx.todo("g", "t1").unwrap().unwrap());
+    assert_eq!((released.claim, released.last_fence), (None, 1));
+    // A re-grant carries the next fence; the store keeps exactly what it was given.
+    t.claim = Some(claim("a1", 2, 500));
+    t.last_fence = 2;
+    t.status = TodoStatus::Claimed;
+    write(&mut *store, |tx| tx.update_todo(&t).unwrap());
+    let regranted = read(&*store, |tx| tx.todo("g", "t1").unwrap().unwrap());
+    assert_eq!(regranted.claim.map(|c| c.fence), Some(2));
+    assert_eq!(regranted.last_fence, 2);
+}
+
+/// A ledger row is keyed by its effect id: recording the same effect again writes nothing and
+/// the window counts it once, even from another handle.
+pub(crate) fn spend_with_the_same_effect_id_counts_once(open: Factory<'_>) {
+    let mut store = open();
+    write(&mut *store, |tx| {
+        tx.insert_goal(&goal("g")).unwrap();
+        assert!(tx.insert_ledger(&ledger("e1", "a1", 1, 100)).unwrap());
+        assert!(!tx.insert_ledger(&ledger("e1", "a1", 1, 100)).unwrap());
+    });
+    let mut other = open();
+    write(&mut *other, |tx| {
+        let mut again = ledger("e1", "a2", 3, 200);
+        again.run_id = Some("r".into());
+        assert!(
+            !tx.insert_ledger(&again).unwrap(),
+            "a retried spend is refused"
+        );
+    });
+    read(&*store, |tx| {
+        assert_eq!(tx.spent_since("g", 0, None).unwrap(), 1);
+        assert_eq!(
+            tx.ledger_entry("e1").unwrap(),
+            Some(ledger("e1", "a1", 1, 100))
+        );
+        assert_eq!(tx.recent_ledger("g", 10).unwrap().len(), 1);
+    });
+}
+
+/// The window counts rows at or after its start (the boundary included, the millisecond before
+/// it not), nets voids against spends, filters by agent, and names its oldest spend.
+pub(crate) fn quota_window_sums_at_its_boundaries(open: Factory<'_>) {
+    let mut store = open();
+    write(&mut *store, |tx| {
+        tx.insert_goal(&goal("g")).unwrap();
+        tx.insert_goal(&goal("other")).unwrap();
+        for entry in [
+            ledger("before", "a1", 1, 999),
+            ledger("at", "a1", 1, 1_000),
+            ledger("after", "a2", 2, 1_001),
+            ledger("void", "a2", -1, 1_002),
+        ] {
+            assert!(tx.insert_ledger(&entry).unwrap());
+        }
+        let mut elsewhere = ledger("elsewhere", "a1", 5, 1_000);
+        elsewhere.goal_id = "other".into();
+        assert!(tx.insert_ledger(&elsewhere).unwrap());
+    });
+    read(&*store, |tx| {
+        assert_eq!(tx.spent_since("g", 1_000, None).unwrap(), 2, "1 + 2 - 1");
+        assert_eq!(tx.spent_since("g", 999, None).unwrap(), 3);
+        assert_eq!(tx.spent_since("g", 1_001, None).unwrap(), 1);
+        assert_eq!(tx.spent_since("g", 1_003, None).unwrap(), 0);
+        assert_eq!(tx.spent_since("g", 1_000, Some("a1")).unwrap(), 1);
+        assert_eq!(tx.spent_since("g", 1_000, Some("a2")).unwrap(), 1);
+        assert_eq!(tx.oldest_spend_since("g", 1_000).unwrap(), Some(1_000));
+        assert_eq!(tx.oldest_spend_since("g", 1_001).unwrap(), Some(1_001));
+        assert_eq!(
+            tx.oldest_spend_since("g", 1_002).unwrap(),
+            None,
+            "a void frees no slot"
+        );
+    });
+}
+
+/// An unsettled turn holds a slot until it records its spend phase; settled turns and other
+/// goals' turns hold none.
+pub(crate) fn unsettled_turns_reserve_slots_until_their_spend(open: Factory<'_>) {
+    let mut store = open();
+    write(&mut *store, |tx| {
+        tx.insert_goal(&goal("g")).unwrap();
+        tx.insert_goal(&goal("other")).unwrap();
+        tx.upsert_turn(&turn("k1", "a1", None, &[Phase::HostExecute], 1))
+            .unwrap();
+        tx.upsert_turn(&turn("k2", "a2", None, &[], 2)).unwrap();
+        tx.upsert_turn(&turn(
+            "k3",
+            "a1",
+            None,
+            &[Phase::HostExecute, Phase::QuotaSpend],
+            3,
+        ))
+        .unwrap();
+        let mut settled = turn("k4", "a1", None, &[Phase::HostExecute], 4);
+        settled.status = JournalStatus::Committed;
+        tx.upsert_turn(&settled).unwrap();
+        let mut elsewhere = turn("k5", "a1", None, &[], 5);
+        elsewhere.goal_id = "other".into();
+        tx.upsert_turn(&elsewhere).unwrap();
+    });
+    read(&*store, |tx| {
+        assert_eq!(tx.reserved_slots("g", Some("a1")).unwrap(), (2, 1));
+        assert_eq!(tx.reserved_slots("g", Some("a3")).unwrap(), (2, 0));
+        assert_eq!(tx.reserved_slots("other", Some("a1")).unwrap(), (1, 1));
+    });
+    // Reaching the spend phase releases the reservation.
+    write(&mut *store, |tx| {
+        tx.upsert_turn(&turn(
+            "k1",
+            "a1",
+            None,
+            &[Phase::HostExecute, Phase::QuotaSpend],
+            6,
+        ))
+        .unwrap()
+    });
+    read(&*store, |tx| {
+        assert_eq!(tx.reserved_slots("g", Some("a1")).unwrap(), (1, 0));
+    });
+}
+
+/// Upserting a turn row replaces its progress (todo, status, phases, data, update time) and
+/// keeps its identity (goal, agent, creation time); what is read back is what was written.
+/// Unsettled turns are listed oldest first and found by the todo they work.
+pub(crate) fn journal_upserts_and_lists_unsettled_turns(open: Factory<'_>) {
+    let mut store = open();
+    let first = turn("k1", "a1", None, &[], 10);
+    write(&mut *store, |tx| {
+        tx.insert_goal(&goal("g")).unwrap();
+        tx.insert_todo(&todo("g", "t1")).unwrap();
+        tx.upsert_turn(&first).unwrap();
+        tx.upsert_turn(&turn("k0", "a2", Some("t1"), &[], 5))
+            .unwrap();
+    });
+    assert_eq!(
+        read(&*store, |tx| tx.turn("k1").unwrap()),
+        Some(first.clone())
+    );
+    let mut next = turn(
+        "k1",
+        "a1",
+        Some("t1"),
+        &[Phase::HostExecute, Phase::TypedResult],
+        20,
+    );
+    next.created_at = 999; // ignored: a row keeps the time it was created
+    next.data = serde_json::json!({ "request": "k1", "result": { "kind": "wait" } });
+    write(&mut *store, |tx| tx.upsert_turn(&next).unwrap());
+    let stored = read(&*store, |tx| tx.turn("k1").unwrap().unwrap());
+    assert_eq!(stored.created_at, 10);
+    assert_eq!(stored.updated_at, 20);
+    assert_eq!(stored.phases, next.phases);
+    assert_eq!(stored.data, next.data);
+    assert_eq!(stored.todo_id.as_deref(), Some("t1"));
+    read(&*store, |tx| {
+        let keys: Vec<String> = tx
+            .unsettled_turns(Some("g"))
+            .unwrap()
+            .into_iter()
+            .map(|t| t.turn_key)
+            .collect();
+        assert_eq!(keys, ["k0", "k1"]);
+        assert!(tx.unsettled_turn_on("g", "t1").unwrap().is_some());
+    });
+    let mut done = stored.clone();
+    done.status = JournalStatus::Committed;
+    done.updated_at = 30;
+    write(&mut *store, |tx| tx.upsert_turn(&done).unwrap());
+    read(&*store, |tx| {
+        let keys: Vec<String> = tx
+            .unsettled_turns(None)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.turn_key)
+            .collect();
+        assert_eq!(keys, ["k0"]);
+        assert_eq!(
+            tx.unsettled_turn_on("g", "t1").unwrap(),
+            Some(("k0".to_owned(), "a2".to_owned()))
+        );
+        let committed = tx
+            .recent_turns(Some("g"), Some(JournalStatus::Committed.as_str()), 10)
+            .unwrap();
+        assert_eq!(committed, [done.clone()]);
+        assert_eq!(tx.turn("missing").unwrap(), None);
+    });
+}
+
+/// History comes newest first in pages of `limit`; each page continues strictly before the
+/// last id of the previous one, so the pages together hold every run exactly once.
+pub(crate) fn history_pages_newest_first_without_duplicates(open: Factory<'_>) {
+    let mut store = open();
+    // Ids sort in creation order (ULIDs do); several runs share a timestamp.
+    let ids: Vec<String> = (0..7).map(|i| format!("01RUN{i:04}")).collect();
+    write(&mut *store, |tx| {
+        tx.insert_goal(&goal("g")).unwrap();
+        tx.insert_goal(&goal("other")).unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            tx.insert_run(&Run {
+                id: id.clone(),
+                goal_id: "g".into(),
+                agent_id: Some("a1".into()),
+                todo_id: None,
+                classification: "progress".into(),
+                outcome: None,
+                summary: format!("run {i}"),
+                payload: serde_json::json!({ "i": i }),
+                created_at: 100 + (i as i64) / 3,
+            })
+            .unwrap();
+        }
+        tx.insert_run(&Run {
+            id: "01RUN9999".into(),
+            goal_id: "other".into(),
+            agent_id: None,
+            todo_id: None,
+            classification: "progress".into(),
+            outcome: None,
+            summary: "elsewhere".into(),
+            payload: serde_json::json!({}),
+            created_at: 100,
+        })
+        .unwrap();
+    });
+    let mut seen: Vec<String> = Vec::new();
+    let mut before: Option<String> = None;
+    loop {
+        let page = read(&*store, |tx| tx.runs("g", 3, before.as_deref()).unwrap());
+        assert!(page.len() <= 3);
+        if page.is_empty() {
+            break;
+        }
+        seen.extend(page.iter().map(|r| r.id.clone()));
+        before = page.last().map(|r| r.id.clone());
+    }
+    let mut newest_first = ids.clone();
+    newest_first.reverse();
+    assert_eq!(seen, newest_first, "every run once, newest first");
+    read(&*store, |tx| {
+        assert_eq!(tx.run_count("g").unwrap(), 7);
+        assert_eq!(
+            tx.latest_run("g", None).unwrap().map(|r| r.id),
+            Some(ids[6].clone())
+        );
+        assert_eq!(
+            tx.run("g", &ids[2]).unwrap().map(|r| r.summary),
+            Some("run 2".into())
+        );
+        assert_eq!(
+            tx.run("other", &ids[2]).unwrap(),
+            None,
+            "a run belongs to its goal"
+        );
+    });
+}
+
+/// A write transaction dropped without commit leaves nothing, and a read snapshot opened inside
+/// another on the same handle sees the same data.
+pub(crate) fn a_rolled_back_write_leaves_nothing(open: Factory<'_>) {
+    let mut store = open();
+    write(&mut *store, |tx| tx.insert_goal(&goal("kept")).unwrap());
+    {
+        let tx = store.begin_write().unwrap();
+        tx.insert_goal(&goal("dropped")).unwrap();
+        tx.append_op(&super::OpRecord {
+            id: "op".into(),
+            goal_id: Some("dropped".into()),
+            actor: "operator".into(),
+            kind: "goal.create".into(),
+            detail: serde_json::json!({}),
+            created_at: 1,
+        })
+        .unwrap();
+    }
+    let outer = store.begin_read().unwrap();
+    let inner = store.begin_read().unwrap();
+    let ids = |tx: &dyn StoreRead| -> Vec<String> {
+        tx.goals().unwrap().into_iter().map(|g| g.id).collect()
+    };
+    assert_eq!(ids(&*outer), ["kept"]);
+    assert_eq!(ids(&*inner), ["kept"]);
+    assert!(outer.ops(None, 10).unwrap().is_empty());
+    drop(inner);
+    assert_eq!(
+        ids(&*outer),
+        ["kept"],
+        "the outer snapshot outlives the inner one"
+    );
+}
+
+#[test]
+fn sqlite_keeps_every_store_property() {
+    let dirs = std::sync::Mutex::new(Vec::new());
+    run_all(&|| {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("loopx.db");
+        dirs.lock().unwrap().push(dir);
+        Box::new(move || -> Box<dyn Store> {
+            if db.exists() {
+                super::open(super::Backend::Sqlite, &db).unwrap()
+            } else {
+                super::create(super::Backend::Sqlite, &db).unwrap()
+            }
+        })
+    });
+}
+
+/// A kernel handle can move to another thread (a server holds one per thread or a pool): every
+/// store is `Send` by its trait, and reads go through `&self`.
+#[test]
+fn the_kernel_handle_is_send() {
+    fn assert_send<T: Send>() {}
+    assert_send::<Box<dyn Store>>();
+    assert_send::<crate::kernel::Kernel>();
+}
