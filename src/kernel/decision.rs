@@ -487,7 +487,7 @@ pub(crate) fn decide_in_tx(
 
 impl Kernel {
     /// The decision for `agent_id` on `goal_id`. A pure read.
-    pub fn should_run(&mut self, goal_id: &str, agent_id: &str) -> Result<Decision> {
+    pub fn should_run(&self, goal_id: &str, agent_id: &str) -> Result<Decision> {
         validate_token("agent id", agent_id)?;
         self.read(|tx| decide_in_tx(tx, goal_id, agent_id, now_ms()))
     }

@@ -97,7 +97,7 @@ impl Kernel {
         Ok(goal)
     }
 
-    pub fn goals(&mut self) -> Result<Vec<Goal>> {
+    pub fn goals(&self) -> Result<Vec<Goal>> {
         self.read(|tx| tx.goals())
     }
 

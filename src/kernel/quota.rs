@@ -256,7 +256,7 @@ pub(crate) fn spend_in_tx(
 
 impl Kernel {
     pub fn quota(
-        &mut self,
+        &self,
         goal_id: &str,
         agent_id: Option<&str>,
     ) -> Result<(QuotaView, Vec<LedgerEntry>)> {

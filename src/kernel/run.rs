@@ -185,7 +185,7 @@ impl Kernel {
 
     /// Newest-first history page with reward overlays.
     pub fn history(
-        &mut self,
+        &self,
         goal_id: &str,
         limit: usize,
         before: Option<&str>,
@@ -254,7 +254,7 @@ impl Kernel {
         })
     }
 
-    pub fn summary(&mut self, goal_id: &str) -> Result<GoalSummary> {
+    pub fn summary(&self, goal_id: &str) -> Result<GoalSummary> {
         self.read(|tx| {
             let goal = require_goal(tx, goal_id)?;
             Ok(GoalSummary {

@@ -215,7 +215,7 @@ fn goal_status(
 
 impl Kernel {
     /// The attention queue for one goal or every goal that is not closed.
-    pub fn status(&mut self, goal_id: Option<&str>) -> Result<StatusReport> {
+    pub fn status(&self, goal_id: Option<&str>) -> Result<StatusReport> {
         self.read(|tx| {
             let now = now_ms();
             let installed = installed_capabilities(tx)?;

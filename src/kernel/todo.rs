@@ -382,7 +382,7 @@ impl Kernel {
         })
     }
 
-    pub fn todo(&mut self, goal_id: &str, todo_id: &str) -> Result<(Todo, Vec<Evidence>)> {
+    pub fn todo(&self, goal_id: &str, todo_id: &str) -> Result<(Todo, Vec<Evidence>)> {
         self.read(|tx| {
             require_goal(tx, goal_id)?;
             let todo = require_todo(tx, goal_id, todo_id)?;
@@ -497,7 +497,7 @@ impl Kernel {
     }
 
     /// Open user todos (gates and user actions) of a goal.
-    pub fn gates(&mut self, goal_id: &str) -> Result<Vec<Todo>> {
+    pub fn gates(&self, goal_id: &str) -> Result<Vec<Todo>> {
         self.read(|tx| {
             require_goal(tx, goal_id)?;
             tx.open_user_todos(goal_id)
