@@ -19,7 +19,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use support::{
-    floor_sequence, fsync_samples, loopx, manual_tick, median, seed, spawn_samples, store_samples,
+    assert_ticks_done, floor_sequence, fsync_samples, loopx, manual_tick, median, seed,
+    spawn_samples, store_samples,
 };
 
 const TODOS: usize = 1_000;
@@ -105,6 +106,10 @@ fn main() {
         s.sequence.push(floor_sequence(full.path()));
         s.start_up.push(loopx(tiny.path(), &["--version"]));
         s.fixed.push(loopx(tiny.path(), &should_run_tiny));
+    }
+    // Every tick did its work (outside the timing).
+    for project in [empty.path(), full.path()] {
+        assert_ticks_done(std::path::Path::new(support::LOOPX), project, ROUNDS);
     }
     let [a, b] = s.ticks;
     let spawn = median(s.spawn);

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use support::{LOOPX, manual_tick_at, median};
+use support::{LOOPX, assert_ticks_done, manual_tick_at, median};
 
 const TODOS: usize = 1_000;
 const TICKS: usize = 60;
@@ -98,6 +98,10 @@ fn main() {
                 steps[b][i].push(x);
             }
         }
+    }
+    // Both binaries' ticks did their work (outside the timing).
+    for (bin, dir) in bins.iter().zip(&dirs) {
+        assert_ticks_done(bin, dir.path(), TICKS);
     }
     println!("A = {}", named[0].display());
     println!("B = {} (this build)", named[1].display());

@@ -180,6 +180,71 @@ pub fn manual_tick_at(bin: &Path, dir: &Path, r: usize) -> [Duration; 5] {
     ]
 }
 
+/// What `rounds` ticks of [`manual_tick_at`] must have done to the project in `dir`, read through
+/// `bin` after the timing is over: todos `t1`..`t{rounds}` completed with the tick's evidence, every
+/// other todo still open, and one slot spent per tick. A tick whose commands exit 0 without doing
+/// their work would otherwise be timed as a fast tick.
+pub fn assert_ticks_done(bin: &Path, dir: &Path, rounds: usize) {
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new(bin)
+            .args(["--format", "json"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let todos = json(&["todo", "list", "--goal-id", "bench"]);
+    let todos = todos["todos"].as_array().expect("a todo list");
+    let completed: Vec<&str> = todos
+        .iter()
+        .filter(|t| t["status"] == "completed")
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    let expected: Vec<String> = (1..=rounds).map(|i| format!("t{i}")).collect();
+    let mut sorted = completed.clone();
+    sorted.sort_by_key(|id| id[1..].parse::<usize>().unwrap_or(usize::MAX));
+    assert_eq!(
+        sorted, expected,
+        "the ticks completed other todos than theirs"
+    );
+    assert!(
+        todos
+            .iter()
+            .filter(|t| t["status"] != "completed")
+            .all(|t| t["status"] == "open"),
+        "a tick left a todo claimed or blocked"
+    );
+    let last = json(&[
+        "todo",
+        "show",
+        "--goal-id",
+        "bench",
+        "--todo-id",
+        &expected[rounds - 1],
+    ]);
+    assert!(
+        last["evidence"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["text"] == "bench evidence"),
+        "the last tick's evidence is missing: {last}"
+    );
+    let quota = json(&["quota", "show", "--goal-id", "bench"]);
+    assert_eq!(
+        quota["quota"]["spent_slots"].as_u64(),
+        Some(rounds as u64),
+        "one slot spent per tick: {}",
+        quota["quota"]
+    );
+}
+
 /// The floor process: `true`, found on `PATH` once, so that no spawn pays for a `PATH` search
 /// (`loopx` is spawned by its path too).
 fn true_process() -> Command {
