@@ -15,8 +15,8 @@
 //! println!("{:?} {:?}", outcome.kind, outcome.turn_key);
 //! ```
 
-pub use crate::turn::driver::{DEFAULT_TIMEOUT_SECONDS, TurnOutcome, TurnRequest};
 pub use crate::turn::loop_ctl::{LoopReport, LoopRequest, run_loop};
+pub use crate::turn::{DEFAULT_TIMEOUT_SECONDS, TurnOutcome, TurnRequest};
 pub use crate::turn::{JournalStatus, Phase, TurnResultKind};
 
 use crate::Result;
@@ -29,5 +29,5 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
 
 /// Settles unsettled turns whose driver is gone (all goals when `goal_id` is `None`).
 pub fn recover(kernel: &mut Kernel, goal_id: Option<&str>) -> Result<Vec<TurnOutcome>> {
-    crate::turn::driver::recover(kernel, goal_id, None)
+    crate::turn::recovery::recover(kernel, goal_id, None)
 }

@@ -8,12 +8,12 @@ use super::{Context, opt};
 use crate::clock::rfc3339;
 use crate::error::{Result, bad_input, conflict};
 use crate::model::{JournalStatus, Phase};
-use crate::turn::driver::{
+use crate::turn::host::install_stop_handlers;
+use crate::turn::isolation::IsolationMode;
+use crate::turn::{
     DEFAULT_TIMEOUT_SECONDS, TurnOutcome, TurnRequest, inspect, list_turns, plan, recover,
     refresh_projection, run_turn,
 };
-use crate::turn::host::install_stop_handlers;
-use crate::turn::isolation::IsolationMode;
 
 /// Flags shared by `turn run` and `loop`.
 #[derive(Debug, Args)]

@@ -12,7 +12,8 @@
 
 use serde_json::json;
 
-use super::driver::{ClaimInfo, JOURNAL_SCHEMA, JournalData, TurnOutcome, stored_outcome};
+use super::journal::{ClaimInfo, JOURNAL_SCHEMA, JournalData};
+use super::outcome::{TurnOutcome, stored_outcome};
 use super::{JournalStatus, Phase, TurnResultKind};
 use crate::error::Result;
 use crate::ids::new_ulid;

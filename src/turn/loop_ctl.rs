@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::driver::{
-    PROJECTION_INTERVAL_MS, TurnOutcome, TurnRequest, plan, recover, refresh_projection, run_turn,
-};
+use super::driver::{PROJECTION_INTERVAL_MS, refresh_projection, run_turn};
 use super::host::stop_requested;
+use super::outcome::{TurnOutcome, plan};
+use super::recovery::recover;
+use super::request::TurnRequest;
 use super::{JournalStatus, TurnResultKind};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input};
@@ -214,7 +215,7 @@ pub fn run_loop(
     if req.max_turns == 0 {
         return Err(bad_input("--max-turns must be at least 1"));
     }
-    super::driver::check_request(&req.turn)?;
+    super::request::check_request(&req.turn)?;
     let started = Instant::now();
     let goal_id = req.turn.goal_id.clone();
     let agent_id = req.turn.agent_id.clone();
@@ -355,7 +356,7 @@ pub fn run_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::turn::driver::OUTCOME_SCHEMA;
+    use crate::turn::outcome::OUTCOME_SCHEMA;
 
     fn outcome(kind: TurnResultKind) -> TurnOutcome {
         TurnOutcome {
