@@ -4,7 +4,10 @@
 //! (tests, the turn driver, the CLI) branch on the kind. wasmtime reports limits three ways: `Trap`
 //! codes (fuel, epoch, stack, guest faults), plain host-limit errors (memory growth refused by the
 //! limiter, hostcall fuel exhausted when lifting a return value), and guest `result` error values.
-//! `classify` folds all three into one named variant so no limit is misfiled as a "host error".
+//! `classify` folds all three into one named variant so no limit is misfiled as a "host error":
+//! traps by downcast, the plain errors by their text in one function (`host_limit_from_messages`,
+//! which says which wasmtime version's wording it relies on). From then on the kind travels as a
+//! value ([`PluginErrorKind`]); nothing parses it back out of a message.
 //!
 //! Mapping into [`LoopxError`] (and so into exit codes) is documented in docs/plugin-host.md:
 //! limit violations, guest errors, refusals and traps are `Refused` (exit 1); a bad manifest or a bad
@@ -118,31 +121,60 @@ pub enum PluginError {
     Host { context: String, detail: String },
 }
 
+crate::model::wire_enum!(
+    /// What kind of failure a [`PluginError`] is, as a value callers branch on (the turn driver
+    /// and the registry leave a disabled provider out, tests check which limit stopped a guest)
+    /// and with a stable spelling for JSON output and logs.
+    PluginErrorKind {
+        Deadline => "deadline",
+        FuelExhausted => "fuel_exhausted",
+        MemoryLimit => "memory_limit",
+        StackOverflow => "stack_overflow",
+        OutputTooLarge => "output_too_large",
+        TooManyItems => "too_many_items",
+        StringTooLong => "string_too_long",
+        InputTooLarge => "input_too_large",
+        Trap => "trap",
+        GuestError => "guest_error",
+        Tampered => "tampered",
+        ImportNotGranted => "import_not_granted",
+        NotDeclared => "not_declared",
+        CallBudget => "call_budget",
+        ApiVersion => "api_version",
+        Manifest => "manifest",
+        BadRequest => "bad_request",
+        NotFound => "not_found",
+        Disabled => "disabled",
+        Load => "load",
+        Host => "host",
+    }
+);
+
 impl PluginError {
-    /// A stable machine-readable name of the variant, for JSON output and tests.
-    pub fn kind(&self) -> &'static str {
+    /// The kind of failure, carried as a value: no caller reads it back out of the message.
+    pub fn kind(&self) -> PluginErrorKind {
         match self {
-            PluginError::Deadline { .. } => "deadline",
-            PluginError::FuelExhausted { .. } => "fuel_exhausted",
-            PluginError::MemoryLimit { .. } => "memory_limit",
-            PluginError::StackOverflow { .. } => "stack_overflow",
-            PluginError::OutputTooLarge { .. } => "output_too_large",
-            PluginError::TooManyItems { .. } => "too_many_items",
-            PluginError::StringTooLong { .. } => "string_too_long",
-            PluginError::InputTooLarge { .. } => "input_too_large",
-            PluginError::Trap { .. } => "trap",
-            PluginError::GuestError { .. } => "guest_error",
-            PluginError::Tampered { .. } => "tampered",
-            PluginError::ImportNotGranted { .. } => "import_not_granted",
-            PluginError::NotDeclared { .. } => "not_declared",
-            PluginError::CallBudget { .. } => "call_budget",
-            PluginError::ApiVersion { .. } => "api_version",
-            PluginError::Manifest { .. } => "manifest",
-            PluginError::BadRequest { .. } => "bad_request",
-            PluginError::NotFound { .. } => "not_found",
-            PluginError::Disabled { .. } => "disabled",
-            PluginError::Load { .. } => "load",
-            PluginError::Host { .. } => "host",
+            PluginError::Deadline { .. } => PluginErrorKind::Deadline,
+            PluginError::FuelExhausted { .. } => PluginErrorKind::FuelExhausted,
+            PluginError::MemoryLimit { .. } => PluginErrorKind::MemoryLimit,
+            PluginError::StackOverflow { .. } => PluginErrorKind::StackOverflow,
+            PluginError::OutputTooLarge { .. } => PluginErrorKind::OutputTooLarge,
+            PluginError::TooManyItems { .. } => PluginErrorKind::TooManyItems,
+            PluginError::StringTooLong { .. } => PluginErrorKind::StringTooLong,
+            PluginError::InputTooLarge { .. } => PluginErrorKind::InputTooLarge,
+            PluginError::Trap { .. } => PluginErrorKind::Trap,
+            PluginError::GuestError { .. } => PluginErrorKind::GuestError,
+            PluginError::Tampered { .. } => PluginErrorKind::Tampered,
+            PluginError::ImportNotGranted { .. } => PluginErrorKind::ImportNotGranted,
+            PluginError::NotDeclared { .. } => PluginErrorKind::NotDeclared,
+            PluginError::CallBudget { .. } => PluginErrorKind::CallBudget,
+            PluginError::ApiVersion { .. } => PluginErrorKind::ApiVersion,
+            PluginError::Manifest { .. } => PluginErrorKind::Manifest,
+            PluginError::BadRequest { .. } => PluginErrorKind::BadRequest,
+            PluginError::NotFound { .. } => PluginErrorKind::NotFound,
+            PluginError::Disabled { .. } => PluginErrorKind::Disabled,
+            PluginError::Load { .. } => PluginErrorKind::Load,
+            PluginError::Host { .. } => PluginErrorKind::Host,
         }
     }
 
@@ -221,30 +253,58 @@ pub(crate) fn classify(plugin: &str, limits: &CallLimits, err: wasmtime::Error) 
             },
         };
     }
-    // Host-limit errors are not `Trap`s: recognise them by their (stable, tested) messages anywhere
-    // in the error chain.
     let chain: Vec<String> = err.chain().map(|c| c.to_string()).collect();
-    let any = |needle: &str| chain.iter().any(|m| m.contains(needle));
-    if any("forcing trap when growing memory") || any("forcing trap when growing table") {
-        return PluginError::MemoryLimit {
+    match host_limit_from_messages(&chain) {
+        Some(HostLimit::Memory) => PluginError::MemoryLimit {
             plugin,
             limit_bytes: limits.memory_bytes,
-        };
-    }
-    if any("too much data is being copied between the host and the guest") {
-        return PluginError::OutputTooLarge {
+        },
+        Some(HostLimit::Output) => PluginError::OutputTooLarge {
             plugin,
             limit_bytes: limits.output_bytes,
-        };
-    }
-    if any("write beyond capacity") {
-        return PluginError::OutputTooLarge {
+        },
+        None => PluginError::Trap {
             plugin,
-            limit_bytes: limits.output_bytes,
-        };
+            detail: chain.join(": "),
+        },
     }
-    PluginError::Trap {
-        plugin,
-        detail: chain.join(": "),
+}
+
+/// A host-side limit that wasmtime reports as a plain error rather than a [`wasmtime::Trap`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostLimit {
+    /// The store's limiter refused to grow a memory or table (`trap_on_grow_failure`).
+    Memory,
+    /// The guest handed the host more than the hostcall fuel or the output pipe allows.
+    Output,
+}
+
+/// Recognises the host-limit errors that carry no type to downcast to, by their messages anywhere
+/// in the error chain. The only place LoopX reads an error's text to decide what it is.
+///
+/// It relies on the messages of wasmtime and wasmtime-wasi 48.0.8 (pinned with `=` in
+/// Cargo.toml, so an upgrade is a deliberate edit that comes through here):
+/// - `StoreLimits::memory_growing`/`table_growing` (`runtime/limits.rs`) bail with "forcing trap
+///   when growing memory/table to ..." when `trap_on_grow_failure` is set;
+/// - component lifting (`runtime/component/func/options.rs`) fails with "too much data is being
+///   copied between the host and the guest" when hostcall fuel runs out;
+/// - wasmtime-wasi's `MemoryOutputPipe` (`p2/pipe.rs`) fails with "write beyond capacity of
+///   MemoryOutputPipe" when its buffer is full. The host captures guest output in its own
+///   buffer today (`plugin::logs`), so no path produces this one; it stays so that wiring such a
+///   pipe in cannot file its overflow as a trap.
+///
+/// tests/it/sandbox_limits.rs produces the memory-growth and lifting errors from a real guest
+/// (`memory_limit`, `output_too_large`), so a wasmtime that words them differently fails there
+/// rather than silently filing a limit as a trap.
+fn host_limit_from_messages(chain: &[String]) -> Option<HostLimit> {
+    let any = |needle: &str| chain.iter().any(|m| m.contains(needle));
+    if any("forcing trap when growing memory") || any("forcing trap when growing table") {
+        Some(HostLimit::Memory)
+    } else if any("too much data is being copied between the host and the guest")
+        || any("write beyond capacity")
+    {
+        Some(HostLimit::Output)
+    } else {
+        None
     }
 }

@@ -35,7 +35,7 @@ pub struct InvokeOutcome {
 #[derive(Debug)]
 pub struct InvokeError {
     pub error: LoopxError,
-    pub plugin_kind: Option<&'static str>,
+    pub plugin_kind: Option<super::error::PluginErrorKind>,
     pub call: Option<Box<CallReport>>,
 }
 

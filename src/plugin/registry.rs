@@ -706,7 +706,7 @@ impl PluginHost {
                     ..
                 })
                 | Err(InvokeError {
-                    plugin_kind: Some("disabled"),
+                    plugin_kind: Some(super::error::PluginErrorKind::Disabled),
                     ..
                 }) => {}
                 Err(e) => return Err(e),

@@ -145,7 +145,7 @@ impl Broker {
                 provider: id.to_string(),
             };
             let msg = err.to_string();
-            self.calls.push(record(err.kind(), msg.clone()));
+            self.calls.push(record(err.kind().as_str(), msg.clone()));
             self.violation.get_or_insert(err);
             return Err(wit::PluginError::Denied(msg));
         }
@@ -155,7 +155,7 @@ impl Broker {
                 limit: self.max_calls,
             };
             let msg = err.to_string();
-            self.calls.push(record(err.kind(), msg.clone()));
+            self.calls.push(record(err.kind().as_str(), msg.clone()));
             self.violation.get_or_insert(err);
             return Err(wit::PluginError::Denied(msg));
         }
@@ -189,7 +189,7 @@ impl Broker {
             }
             Err(e) => {
                 let msg = e.to_string();
-                self.calls.push(record(e.kind(), msg.clone()));
+                self.calls.push(record(e.kind().as_str(), msg.clone()));
                 Err(wit::PluginError::Failed(msg))
             }
         }

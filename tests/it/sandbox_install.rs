@@ -268,7 +268,7 @@ fn tampered_component_fails_to_load() {
         false,
     )
     .unwrap_err();
-    assert_eq!(err.plugin_kind, Some("tampered"));
+    assert_eq!(err.plugin_kind.map(|k| k.as_str()), Some("tampered"));
     let msg = err.error.to_string();
     assert!(
         msg.contains("hostile/cap") && msg.contains("sha256"),
@@ -309,7 +309,12 @@ fn tampered_compiled_artifact_fails_to_load() {
         false,
     )
     .unwrap_err();
-    assert_eq!(err.plugin_kind, Some("tampered"), "{}", err.error);
+    assert_eq!(
+        err.plugin_kind.map(|k| k.as_str()),
+        Some("tampered"),
+        "{}",
+        err.error
+    );
     assert_eq!(p.fingerprint(), before);
 }
 
@@ -349,7 +354,7 @@ fn lifecycle_install_disable_upgrade_rollback_remove() {
         true,
     )
     .unwrap_err();
-    assert_eq!(err.plugin_kind, Some("disabled"));
+    assert_eq!(err.plugin_kind.map(|k| k.as_str()), Some("disabled"));
     set_enabled(&mut p.kernel, "hostile", true).unwrap();
 
     let r2 = p
@@ -406,7 +411,7 @@ fn plugin_error_kinds_are_distinct() {
         plugin: "x/y".into(),
         limit_ms: 5,
     };
-    assert_eq!(e.kind(), "deadline");
+    assert_eq!(e.kind().as_str(), "deadline");
     assert!(e.to_string().contains("x/y") && e.to_string().contains("5 ms"));
 }
 
@@ -491,7 +496,12 @@ fn swapped_artifact_is_refused_and_doctor_reports_it() {
         false,
     )
     .unwrap_err();
-    assert_eq!(err.plugin_kind, Some("tampered"), "{}", err.error);
+    assert_eq!(
+        err.plugin_kind.map(|k| k.as_str()),
+        Some("tampered"),
+        "{}",
+        err.error
+    );
     assert_eq!(err.error.exit_code(), 5);
     let name = target.file_name().unwrap().to_string_lossy().into_owned();
     assert!(err.error.to_string().contains(&name), "{}", err.error);

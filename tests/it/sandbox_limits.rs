@@ -39,7 +39,7 @@ fn expect_failure(p: &mut Sandbox, payload: &str, kind: &str, needles: &[&str]) 
     )
     .expect_err("the hostile call must fail");
     assert_eq!(
-        err.plugin_kind,
+        err.plugin_kind.map(|k| k.as_str()),
         Some(kind),
         "wrong error kind: {}",
         err.error
