@@ -17,7 +17,9 @@
 //! * [`logs`]: captured, capped, sanitized guest output.
 //! * [`error`]: the named error taxonomy and its mapping into `LoopxError`.
 //! * [`invoke`]: capability → sandbox → kernel admission, and direct provider calls.
-//! * [`registry`]: install / upgrade / rollback / load, recorded through the kernel.
+//! * [`registry`]: the install pipeline and loading one recorded revision's component; the
+//!   kernel's extension methods record every change.
+//! * [`loading`]: resolving `<extension>/<id>` (and a capability's providers) for an invocation.
 //! * [`scaffold`]: `loopx extension new`.
 //! * `bindings` (private): `bindgen!` output and conversions.
 //!
@@ -30,6 +32,7 @@ pub mod cache;
 pub mod engine;
 pub mod error;
 pub mod invoke;
+pub mod loading;
 pub mod logs;
 pub mod manifest;
 pub mod registry;

@@ -9,9 +9,8 @@
 //! operation-log entry and rewrites the registry projection. Loading re-verifies the recorded sha256
 //! of the installed bytes (a mismatch is `Tampered`) and re-audits.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::json;
@@ -30,7 +29,6 @@ use super::audit::audit_wasm_imports;
 use super::cache::{ComponentCache, sha256_hex};
 use super::engine::engine;
 use super::error::{PluginError, PluginResult};
-use super::invoke::InvokeError;
 use super::manifest::{Grant, Kind, Limits, MANIFEST_FILE, Manifest};
 use super::sandbox::LoadedPlugin;
 
@@ -98,7 +96,7 @@ pub enum InstallMode {
     Upgrade,
 }
 
-fn ext_not_found(id: &str) -> LoopxError {
+pub(crate) fn ext_not_found(id: &str) -> LoopxError {
     not_found(format!(
         "extension '{id}' is not installed; `loopx extension list` shows what is"
     ))
@@ -641,78 +639,6 @@ impl PluginHost {
             let _ = std::fs::remove_file(&compiled.path);
         }
         Ok(compiled.component)
-    }
-
-    /// Loads `<extension>/<id>` of kind `kind` from the registry: it must exist and be enabled.
-    /// Errors keep their plugin error kind (`tampered`, `disabled`, ...).
-    pub fn load_named(
-        &self,
-        kernel: &mut Kernel,
-        name: &str,
-        kind: Kind,
-    ) -> std::result::Result<LoadedPlugin, InvokeError> {
-        let (ext, id) = split_name(name)?;
-        let rec = kernel.extension(ext)?.ok_or_else(|| ext_not_found(ext))?;
-        if !rec.enabled {
-            return Err(PluginError::Disabled {
-                plugin: name.to_string(),
-                extension: ext.to_string(),
-            }
-            .into());
-        }
-        let manifest = record_manifest(&rec)?;
-        match manifest.provides(id) {
-            Some(p) if p.kind == kind => {}
-            Some(p) => {
-                return Err(PluginError::BadRequest {
-                    detail: format!("{name} is a {}, not a {}", p.kind.as_str(), kind.as_str()),
-                }
-                .into());
-            }
-            None => {
-                return Err(not_found(format!(
-                    "extension '{ext}' provides no {} '{id}' (it provides: {})",
-                    kind.as_str(),
-                    manifest
-                        .provides
-                        .iter()
-                        .map(|p| format!("{} {}", p.kind.as_str(), p.id))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-                .into());
-            }
-        }
-        Ok(self.load(kernel, &rec, id)?)
-    }
-
-    /// Loads a capability and the declared providers it may call (missing or disabled providers are
-    /// left out: calls to them return `unavailable`).
-    pub fn load_capability(
-        &self,
-        kernel: &mut Kernel,
-        name: &str,
-    ) -> std::result::Result<(LoadedPlugin, HashMap<String, Arc<LoadedPlugin>>), InvokeError> {
-        let cap = self.load_named(kernel, name, Kind::Capability)?;
-        let mut providers = HashMap::new();
-        for u in &cap.uses {
-            match self.load_named(kernel, u, Kind::Provider) {
-                Ok(p) => {
-                    providers.insert(u.clone(), Arc::new(p));
-                }
-                // Missing or disabled providers are left out; calls to them return `unavailable`.
-                Err(InvokeError {
-                    error: LoopxError::NotFound(_),
-                    ..
-                })
-                | Err(InvokeError {
-                    plugin_kind: Some(super::error::PluginErrorKind::Disabled),
-                    ..
-                }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok((cap, providers))
     }
 
     /// Deletes the installed files of extension `id` (all revisions).
