@@ -266,3 +266,157 @@ impl Kernel {
         Ok(rec)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn revision(id: &str, revision: i64) -> ExtensionRevision {
+        ExtensionRevision {
+            record: ExtensionRecord {
+                id: id.into(),
+                version: "0.1.0".into(),
+                enabled: true,
+                manifest: json!({}),
+                grants: Vec::new(),
+                install_dir: format!("/nonexistent/{id}/{revision}"),
+                component_hashes: json!({}),
+                installed_at: 1,
+                revision,
+            },
+            artifacts: vec![ArtifactRecord {
+                component_sha256: "c".repeat(64),
+                engine_key: "engine".into(),
+                artifact_sha256: "a".repeat(64),
+                recorded_at: 1,
+            }],
+            detail: json!({"id": id}),
+        }
+    }
+
+    fn ops(k: &Kernel) -> usize {
+        k.read(|tx| tx.ops(None, 10_000)).unwrap().len()
+    }
+
+    /// Which code runs in a project is an operator decision, whoever calls the kernel: an agent
+    /// (even inside a turn) or a capability is refused every extension change through the
+    /// library API, not only through `loopx extension`, and the refusal writes nothing.
+    #[test]
+    fn only_an_operator_changes_extensions_through_the_kernel() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = Kernel::init(dir.path()).unwrap().unwrap();
+        let not_operators = [
+            Actor::Agent {
+                agent_id: "a1".into(),
+                proof: None,
+                turn_key: None,
+            },
+            Actor::Agent {
+                agent_id: "a1".into(),
+                proof: None,
+                turn_key: Some("turn-1".into()),
+            },
+            Actor::Capability {
+                capability: "x/y".into(),
+                agent_id: Some("a1".into()),
+            },
+        ];
+        for actor in &not_operators {
+            let err = k
+                .record_extension_revision(actor, ExtensionChange::Install, &revision("ext", 1))
+                .unwrap_err();
+            assert_eq!(err.exit_code(), 1, "{actor:?}: {err}");
+            assert!(
+                err.to_string()
+                    .contains("only an operator can install extensions"),
+                "{err}"
+            );
+        }
+        assert!(k.extensions().unwrap().is_empty());
+        assert!(
+            k.component_artifact(&"c".repeat(64), "engine")
+                .unwrap()
+                .is_none()
+        );
+
+        k.record_extension_revision(
+            &Actor::Operator,
+            ExtensionChange::Install,
+            &revision("ext", 1),
+        )
+        .unwrap();
+        let registry = std::fs::read_to_string(k.paths().registry()).unwrap();
+        assert!(
+            registry.contains("\"ext\""),
+            "the kernel rewrote the projection: {registry}"
+        );
+        assert!(
+            k.component_artifact(&"c".repeat(64), "engine")
+                .unwrap()
+                .is_some()
+        );
+        let before = ops(&k);
+        for actor in &not_operators {
+            let refusals = [
+                k.record_extension_revision(actor, ExtensionChange::Upgrade, &revision("ext", 2))
+                    .map(|_| ()),
+                k.set_extension_enabled(actor, "ext", false).map(|_| ()),
+                k.set_extension_enabled(actor, "ext", true).map(|_| ()),
+                k.rollback_extension(actor, "ext").map(|_| ()),
+                k.remove_extension(actor, "ext").map(|_| ()),
+            ];
+            for r in refusals {
+                let err = r.unwrap_err();
+                assert_eq!(err.exit_code(), 1, "{actor:?}: {err}");
+                assert!(err.to_string().contains("only an operator can"), "{err}");
+            }
+        }
+        assert_eq!(ops(&k), before, "a refused change logged something");
+        let rec = k.extension("ext").unwrap().expect("still installed");
+        assert!(rec.enabled);
+        assert_eq!(rec.revision, 1);
+
+        let removed = k.remove_extension(&Actor::Operator, "ext").unwrap();
+        assert_eq!(removed.revision, 1);
+        assert!(k.extension("ext").unwrap().is_none());
+        let registry = std::fs::read_to_string(k.paths().registry()).unwrap();
+        assert!(!registry.contains("\"ext\""), "{registry}");
+    }
+
+    /// An install of an id already installed, or an upgrade of one that is not, is refused in
+    /// the kernel's own transaction as well as by the host's early check.
+    #[test]
+    fn install_and_upgrade_are_checked_against_the_registry_in_the_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = Kernel::init(dir.path()).unwrap().unwrap();
+        let err = k
+            .record_extension_revision(
+                &Actor::Operator,
+                ExtensionChange::Upgrade,
+                &revision("ext", 1),
+            )
+            .unwrap_err();
+        assert_eq!(err.exit_code(), 3, "{err}");
+        k.record_extension_revision(
+            &Actor::Operator,
+            ExtensionChange::Install,
+            &revision("ext", 1),
+        )
+        .unwrap();
+        let err = k
+            .record_extension_revision(
+                &Actor::Operator,
+                ExtensionChange::Install,
+                &revision("ext", 2),
+            )
+            .unwrap_err();
+        assert_eq!(err.exit_code(), 4, "{err}");
+        k.record_extension_revision(
+            &Actor::Operator,
+            ExtensionChange::Upgrade,
+            &revision("ext", 2),
+        )
+        .unwrap();
+        assert_eq!(k.extension("ext").unwrap().unwrap().revision, 2);
+    }
+}

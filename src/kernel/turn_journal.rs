@@ -407,3 +407,213 @@ impl Kernel {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::goal::NewGoal;
+    use crate::kernel::todo::NewTodo;
+    use crate::model::TurnResultKind;
+
+    fn agent(turn_key: &str) -> Actor {
+        Actor::Agent {
+            agent_id: "a1".into(),
+            proof: None,
+            turn_key: Some(turn_key.into()),
+        }
+    }
+
+    /// A project with goal `g` and one ready todo `t1`.
+    fn project() -> (tempfile::TempDir, Kernel) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = Kernel::init(dir.path()).unwrap().unwrap();
+        let goal = NewGoal {
+            id: Some("g".into()),
+            title: "Goal".into(),
+            objective: None,
+            success_criteria: Vec::new(),
+            project_dir: None,
+        };
+        k.create_goal(&Actor::Operator, goal).unwrap();
+        let mut todo = NewTodo::task("do it");
+        todo.id = Some("t1".into());
+        k.add_todo(&Actor::Operator, "g", todo).unwrap();
+        (dir, k)
+    }
+
+    /// Every operation-log entry of goal `g`, of `kind`.
+    fn ops_of(k: &Kernel, kind: &str) -> Vec<crate::store::OpRecord> {
+        k.read(|tx| tx.ops(Some("g"), 10_000))
+            .unwrap()
+            .into_iter()
+            .filter(|o| o.kind == kind)
+            .collect()
+    }
+
+    fn all_ops(k: &Kernel) -> usize {
+        k.read(|tx| tx.ops(None, 10_000)).unwrap().len()
+    }
+
+    fn start(k: &mut Kernel, key: &str) -> TurnRecord {
+        let start = StartTurn {
+            turn_key: key.into(),
+            goal_id: "g".into(),
+            agent_id: "a1".into(),
+            todo_id: None,
+            ttl_seconds: 600,
+        };
+        match k
+            .start_turn(&agent(key), &start, |_| Ok(json!({"n": 0})))
+            .unwrap()
+        {
+            TurnStart::Started(rec) => rec,
+            TurnStart::NotReady(d) => panic!("not started: {}", d.reason),
+        }
+    }
+
+    /// The journal update every phase of this test writes: the phase's index, settling only on
+    /// closeout.
+    fn write(phase: Phase, n: usize) -> PhaseWrite {
+        PhaseWrite {
+            data: json!({ "n": n }),
+            settle: (phase == Phase::TerminalCloseout)
+                .then(|| TurnResultKind::ValidatedProgress.journal_status()),
+            run: None,
+        }
+    }
+
+    /// docs/state-model.md: every write appends one operation-log entry. The start and each of
+    /// the six phase commits, including the three whose only effect is the journal row, append
+    /// exactly one turn entry each, beside the entries of their state effects (claim, spend,
+    /// release).
+    #[test]
+    fn start_and_every_phase_commit_append_one_operation_log_entry() {
+        let (_dir, mut k) = project();
+        let rec = start(&mut k, "turn-1");
+        assert_eq!(rec.todo_id.as_deref(), Some("t1"));
+        assert_eq!(ops_of(&k, "turn_start").len(), 1);
+        assert_eq!(
+            ops_of(&k, "claim").len(),
+            1,
+            "the claim is logged with the start"
+        );
+        let fence = k
+            .read(|tx| tx.todo("g", "t1"))
+            .unwrap()
+            .and_then(|t| t.claim)
+            .map(|c| c.fence)
+            .expect("the start claimed t1");
+        let phases = [
+            (Phase::HostExecute, PhaseEffect::JournalOnly),
+            (Phase::TypedResult, PhaseEffect::JournalOnly),
+            (Phase::Validation, PhaseEffect::JournalOnly),
+            (
+                Phase::DurableWriteback,
+                PhaseEffect::Admit {
+                    source: ProposalSource {
+                        goal_id: "g".into(),
+                        agent_id: Some("a1".into()),
+                        capability: "builtin:default".into(),
+                        turn_key: Some("turn-1".into()),
+                    },
+                    proposals: Vec::new(),
+                },
+            ),
+            (Phase::QuotaSpend, PhaseEffect::Spend),
+            (
+                Phase::TerminalCloseout,
+                PhaseEffect::Release(LeaseHeld::Fence(fence)),
+            ),
+        ];
+        let mut expected: Vec<Phase> = Vec::new();
+        for (n, (phase, effect)) in phases.into_iter().enumerate() {
+            let before = ops_of(&k, "turn_phase").len();
+            let stored = k
+                .commit_turn_phase(
+                    &agent("turn-1"),
+                    "turn-1",
+                    &expected,
+                    phase,
+                    effect,
+                    |_, _| Ok(write(phase, n)),
+                )
+                .unwrap();
+            expected.push(phase);
+            assert_eq!(stored.phases, expected);
+            let logged = ops_of(&k, "turn_phase");
+            assert_eq!(
+                logged.len(),
+                before + 1,
+                "{phase} appended one turn_phase entry"
+            );
+            let last = logged.iter().max_by(|a, b| a.id.cmp(&b.id)).unwrap();
+            assert_eq!(last.detail["phase"], json!(phase), "{phase}");
+            assert_eq!(last.detail["turn_key"], "turn-1");
+            assert_eq!(last.actor, "agent:a1");
+        }
+        assert_eq!(ops_of(&k, "quota_spend").len(), 1);
+        assert_eq!(ops_of(&k, "claim_release").len(), 1);
+        let rec = k.turn("turn-1").unwrap().unwrap();
+        assert_eq!(rec.status, JournalStatus::Committed);
+        assert_eq!(rec.data, json!({"n": 5}));
+    }
+
+    /// The compare-and-swap: a commit that expects other phases than the row has applies nothing
+    /// and logs nothing; and only the turn's own agent, inside that turn, writes it.
+    #[test]
+    fn stale_phases_and_other_actors_write_nothing() {
+        let (_dir, mut k) = project();
+        start(&mut k, "turn-1");
+        let before = all_ops(&k);
+        let stale = k
+            .commit_turn_phase(
+                &agent("turn-1"),
+                "turn-1",
+                &[Phase::HostExecute],
+                Phase::TypedResult,
+                PhaseEffect::JournalOnly,
+                |_, _| Ok(write(Phase::TypedResult, 1)),
+            )
+            .unwrap_err();
+        assert_eq!(stale.exit_code(), 4, "{stale}");
+        let others = [
+            Actor::Operator,
+            agent("turn-2"),
+            Actor::Agent {
+                agent_id: "a2".into(),
+                proof: None,
+                turn_key: Some("turn-1".into()),
+            },
+            Actor::Capability {
+                capability: "x/y".into(),
+                agent_id: Some("a1".into()),
+            },
+        ];
+        for actor in &others {
+            let err = k
+                .commit_turn_phase(
+                    actor,
+                    "turn-1",
+                    &[],
+                    Phase::HostExecute,
+                    PhaseEffect::JournalOnly,
+                    |_, _| Ok(write(Phase::HostExecute, 1)),
+                )
+                .unwrap_err();
+            assert_eq!(err.exit_code(), 1, "{actor:?}: {err}");
+            let start = StartTurn {
+                turn_key: "turn-9".into(),
+                goal_id: "g".into(),
+                agent_id: "a1".into(),
+                todo_id: None,
+                ttl_seconds: 600,
+            };
+            let err = k.start_turn(actor, &start, |_| Ok(json!({}))).unwrap_err();
+            assert_eq!(err.exit_code(), 1, "{actor:?}: {err}");
+        }
+        assert_eq!(all_ops(&k), before, "refused commits logged something");
+        let rec = k.turn("turn-1").unwrap().unwrap();
+        assert!(rec.phases.is_empty());
+        assert!(k.turn("turn-9").unwrap().is_none());
+    }
+}
