@@ -211,16 +211,51 @@ impl Kernel {
         std::mem::take(&mut self.warnings)
     }
 
+    // The store's transactions are reachable only from the kernel's own modules: every write a
+    // caller can make is a kernel method that checks the actor and logs the operation, and the
+    // compiler, not a convention, keeps the CLI, the plugin host and the turn driver from opening
+    // a transaction. Builds with the `test-hooks` feature (only the crate's own tests and
+    // benches, see Cargo.toml) also get `read` and `write` as public methods, to seed and inspect
+    // state directly; `cargo build` and `cargo check` have no such door.
+
     /// Runs `f` in one read snapshot, which has no method that writes.
+    #[cfg(not(feature = "test-hooks"))]
+    pub(in crate::kernel) fn read<R>(
+        &self,
+        f: impl FnOnce(&dyn StoreRead) -> Result<R>,
+    ) -> Result<R> {
+        self.in_snapshot(f)
+    }
+
+    /// Runs `f` in one read snapshot (test and bench builds: public, see above).
+    #[cfg(feature = "test-hooks")]
     pub fn read<R>(&self, f: impl FnOnce(&dyn StoreRead) -> Result<R>) -> Result<R> {
+        self.in_snapshot(f)
+    }
+
+    /// Runs `f` in one write transaction and commits it only if `f` succeeds.
+    #[cfg(not(feature = "test-hooks"))]
+    pub(in crate::kernel) fn write<R>(
+        &mut self,
+        f: impl FnOnce(&dyn StoreTx) -> Result<R>,
+    ) -> Result<R> {
+        self.in_transaction(f)
+    }
+
+    /// Runs `f` in one write transaction (test and bench builds: public, see above).
+    #[cfg(feature = "test-hooks")]
+    pub fn write<R>(&mut self, f: impl FnOnce(&dyn StoreTx) -> Result<R>) -> Result<R> {
+        self.in_transaction(f)
+    }
+
+    fn in_snapshot<R>(&self, f: impl FnOnce(&dyn StoreRead) -> Result<R>) -> Result<R> {
         let tx = self.store.begin_read()?;
         let out = f(&*tx)?;
         drop(tx);
         Ok(out)
     }
 
-    /// Runs `f` in one write transaction and commits it only if `f` succeeds.
-    pub fn write<R>(&mut self, f: impl FnOnce(&dyn StoreTx) -> Result<R>) -> Result<R> {
+    fn in_transaction<R>(&mut self, f: impl FnOnce(&dyn StoreTx) -> Result<R>) -> Result<R> {
         let tx = self.store.begin_write()?;
         let out = f(&*tx)?;
         tx.commit()?;
@@ -229,7 +264,7 @@ impl Kernel {
 
     /// Runs `f` in a write transaction and rolls it back: the checks of a real write, none of its
     /// effects (dry runs).
-    pub fn write_then_rollback<R>(
+    pub(in crate::kernel) fn write_then_rollback<R>(
         &mut self,
         f: impl FnOnce(&dyn StoreTx) -> Result<R>,
     ) -> Result<R> {
