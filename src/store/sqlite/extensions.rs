@@ -32,21 +32,36 @@ impl Db<'_> {
     }
 
     pub(super) fn extension(&self, id: &str) -> Result<Option<ExtensionRecord>> {
-        self.query_opt("SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
-                 r.installed_at, e.enabled FROM extensions e JOIN extension_revisions r \
-                 ON r.id = e.id AND r.revision = e.active_revision WHERE e.id = ?1", [id], extension_from_row, "reading an extension")
+        self.query_opt(
+            "SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
+             r.installed_at, e.enabled FROM extensions e JOIN extension_revisions r \
+             ON r.id = e.id AND r.revision = e.active_revision WHERE e.id = ?1",
+            [id],
+            extension_from_row,
+            "reading an extension",
+        )
     }
 
     pub(super) fn extensions(&self) -> Result<Vec<ExtensionRecord>> {
-        self.query_all("SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
-                 r.installed_at, e.enabled FROM extensions e JOIN extension_revisions r \
-                 ON r.id = e.id AND r.revision = e.active_revision ORDER BY e.id", [], extension_from_row, "listing extensions")
+        self.query_all(
+            "SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
+             r.installed_at, e.enabled FROM extensions e JOIN extension_revisions r \
+             ON r.id = e.id AND r.revision = e.active_revision ORDER BY e.id",
+            [],
+            extension_from_row,
+            "listing extensions",
+        )
     }
 
     pub(super) fn extension_revisions(&self, id: &str) -> Result<Vec<ExtensionRecord>> {
-        self.query_all("SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
-                 r.installed_at, (e.active_revision = r.revision AND e.enabled) FROM extension_revisions r \
-                 LEFT JOIN extensions e ON e.id = r.id WHERE r.id = ?1 ORDER BY r.revision DESC", [id], extension_from_row, "listing extension revisions")
+        self.query_all(
+            "SELECT r.id, r.revision, r.version, r.manifest, r.grants, r.install_dir, r.component_hashes, \
+             r.installed_at, (e.active_revision = r.revision AND e.enabled) FROM extension_revisions r \
+             LEFT JOIN extensions e ON e.id = r.id WHERE r.id = ?1 ORDER BY r.revision DESC",
+            [id],
+            extension_from_row,
+            "listing extension revisions",
+        )
     }
 
     pub(super) fn set_extension_active(
@@ -81,7 +96,7 @@ impl Db<'_> {
     ) -> Result<Option<ArtifactRecord>> {
         self.query_opt(
             "SELECT component_sha256, engine_key, artifact_sha256, recorded_at \
-                 FROM component_artifacts WHERE component_sha256 = ?1 AND engine_key = ?2",
+             FROM component_artifacts WHERE component_sha256 = ?1 AND engine_key = ?2",
             params![component_sha256, engine_key],
             artifact_from_row,
             "reading a component artifact record",
@@ -108,7 +123,7 @@ impl Db<'_> {
     pub(super) fn component_artifacts(&self) -> Result<Vec<ArtifactRecord>> {
         self.query_all(
             "SELECT component_sha256, engine_key, artifact_sha256, recorded_at \
-                 FROM component_artifacts ORDER BY component_sha256, engine_key",
+             FROM component_artifacts ORDER BY component_sha256, engine_key",
             [],
             artifact_from_row,
             "listing component artifacts",

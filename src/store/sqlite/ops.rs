@@ -14,18 +14,23 @@ impl Db<'_> {
     }
 
     pub(super) fn ops(&self, goal_id: Option<&str>, limit: usize) -> Result<Vec<OpRecord>> {
-        self.query_all("SELECT id, goal_id, actor, kind, detail, created_at FROM ops WHERE (?1 IS NULL OR goal_id = ?1) \
-                 ORDER BY id DESC LIMIT ?2", params![goal_id, limit as i64], |r| {
-            locate(r, "ops", &[0], || {
-                Ok(OpRecord {
-                    id: r.get(0)?,
-                    goal_id: r.get(1)?,
-                    actor: r.get(2)?,
-                    kind: r.get(3)?,
-                    detail: json_col(r, 4)?,
-                    created_at: r.get(5)?,
+        self.query_all(
+            "SELECT id, goal_id, actor, kind, detail, created_at FROM ops WHERE (?1 IS NULL OR goal_id = ?1) \
+             ORDER BY id DESC LIMIT ?2",
+            params![goal_id, limit as i64],
+            |r| {
+                locate(r, "ops", &[0], || {
+                    Ok(OpRecord {
+                        id: r.get(0)?,
+                        goal_id: r.get(1)?,
+                        actor: r.get(2)?,
+                        kind: r.get(3)?,
+                        detail: json_col(r, 4)?,
+                        created_at: r.get(5)?,
+                    })
                 })
-            })
-        }, "reading the operation log")
+            },
+            "reading the operation log",
+        )
     }
 }

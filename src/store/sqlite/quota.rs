@@ -4,15 +4,20 @@ use super::*;
 
 impl Db<'_> {
     pub(super) fn quota_policy(&self, goal_id: &str) -> Result<Option<QuotaPolicy>> {
-        self.query_opt("SELECT compute, window_hours, slot_minutes, allowed_slots, per_agent_cap FROM quota_policy WHERE goal_id = ?1", [goal_id], |r| {
-                    Ok(QuotaPolicy {
-                        compute: r.get(0)?,
-                        window_hours: r.get(1)?,
-                        slot_minutes: r.get(2)?,
-                        allowed_slots: r.get(3)?,
-                        per_agent_cap: r.get(4)?,
-                    })
-                }, "reading quota policy")
+        self.query_opt(
+            "SELECT compute, window_hours, slot_minutes, allowed_slots, per_agent_cap FROM quota_policy WHERE goal_id = ?1",
+            [goal_id],
+            |r| {
+                Ok(QuotaPolicy {
+                    compute: r.get(0)?,
+                    window_hours: r.get(1)?,
+                    slot_minutes: r.get(2)?,
+                    allowed_slots: r.get(3)?,
+                    per_agent_cap: r.get(4)?,
+                })
+            },
+            "reading quota policy",
+        )
     }
 
     pub(super) fn set_quota_policy(&self, goal_id: &str, p: &QuotaPolicy) -> Result<()> {
@@ -65,17 +70,32 @@ impl Db<'_> {
         since: i64,
         agent_id: Option<&str>,
     ) -> Result<i64> {
-        self.query_one("SELECT COALESCE(SUM(slots), 0) FROM quota_ledger WHERE goal_id = ?1 AND created_at >= ?2 \
-                 AND (?3 IS NULL OR agent_id = ?3)", params![goal_id, since, agent_id], |r| r.get(0), "summing the ledger")
+        self.query_one(
+            "SELECT COALESCE(SUM(slots), 0) FROM quota_ledger WHERE goal_id = ?1 AND created_at >= ?2 \
+             AND (?3 IS NULL OR agent_id = ?3)",
+            params![goal_id, since, agent_id],
+            |r| r.get(0),
+            "summing the ledger",
+        )
     }
 
     pub(super) fn oldest_spend_since(&self, goal_id: &str, since: i64) -> Result<Option<i64>> {
-        self.query_one("SELECT MIN(created_at) FROM quota_ledger WHERE goal_id = ?1 AND created_at >= ?2 AND kind = 'spend'", params![goal_id, since], |r| r.get(0), "reading the ledger")
+        self.query_one(
+            "SELECT MIN(created_at) FROM quota_ledger WHERE goal_id = ?1 AND created_at >= ?2 AND kind = 'spend'",
+            params![goal_id, since],
+            |r| r.get(0),
+            "reading the ledger",
+        )
     }
 
     pub(super) fn recent_ledger(&self, goal_id: &str, limit: usize) -> Result<Vec<LedgerEntry>> {
-        self.query_all(&format!(
+        self.query_all(
+            &format!(
                 "SELECT {LEDGER_COLUMNS} FROM quota_ledger WHERE goal_id = ?1 ORDER BY created_at DESC, effect_id LIMIT ?2"
-            ), params![goal_id, limit as i64], ledger_from_row, "reading the ledger")
+            ),
+            params![goal_id, limit as i64],
+            ledger_from_row,
+            "reading the ledger",
+        )
     }
 }

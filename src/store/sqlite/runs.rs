@@ -26,15 +26,25 @@ impl Db<'_> {
     }
 
     pub(super) fn evidence_for(&self, goal_id: &str, todo_id: &str) -> Result<Vec<Evidence>> {
-        self.query_all(&format!(
+        self.query_all(
+            &format!(
                 "SELECT {EVIDENCE_COLUMNS} FROM evidence WHERE goal_id = ?1 AND todo_id = ?2 ORDER BY id"
-            ), params![goal_id, todo_id], evidence_from_row, "reading evidence")
+            ),
+            params![goal_id, todo_id],
+            evidence_from_row,
+            "reading evidence",
+        )
     }
 
     pub(super) fn recent_evidence(&self, goal_id: &str, limit: usize) -> Result<Vec<Evidence>> {
-        self.query_all(&format!(
+        self.query_all(
+            &format!(
                 "SELECT {EVIDENCE_COLUMNS} FROM evidence WHERE goal_id = ?1 ORDER BY id DESC LIMIT ?2"
-            ), params![goal_id, limit as i64], evidence_from_row, "reading evidence")
+            ),
+            params![goal_id, limit as i64],
+            evidence_from_row,
+            "reading evidence",
+        )
     }
 
     pub(super) fn insert_run(&self, run: &Run) -> Result<()> {
@@ -74,9 +84,14 @@ impl Db<'_> {
         limit: usize,
         before: Option<&str>,
     ) -> Result<Vec<Run>> {
-        self.query_all(&format!(
+        self.query_all(
+            &format!(
                 "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3"
-            ), params![goal_id, before, limit as i64], run_from_row, "reading history")
+            ),
+            params![goal_id, before, limit as i64],
+            run_from_row,
+            "reading history",
+        )
     }
 
     pub(super) fn latest_run(&self, goal_id: &str, agent_id: Option<&str>) -> Result<Option<Run>> {
@@ -141,7 +156,7 @@ impl Db<'_> {
     pub(super) fn recent_rewards(&self, goal_id: &str, limit: usize) -> Result<Vec<Reward>> {
         self.query_all(
             "SELECT id, goal_id, run_id, score, comment, actor, created_at FROM rewards \
-                 WHERE goal_id = ?1 ORDER BY id DESC LIMIT ?2",
+             WHERE goal_id = ?1 ORDER BY id DESC LIMIT ?2",
             params![goal_id, limit as i64],
             reward_from_row,
             "reading rewards",

@@ -319,7 +319,7 @@ impl Db<'_> {
     pub(super) fn bound_capabilities(&self, goal_id: &str) -> Result<Vec<String>> {
         self.query_all(
             "SELECT DISTINCT capability FROM todos WHERE goal_id = ?1 AND capability IS NOT NULL \
-                 AND status NOT IN ('completed', 'archived') ORDER BY capability",
+             AND status NOT IN ('completed', 'archived') ORDER BY capability",
             [goal_id],
             |r| r.get(0),
             "listing capability bindings",

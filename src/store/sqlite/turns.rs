@@ -38,10 +38,15 @@ impl Db<'_> {
     }
 
     pub(super) fn unsettled_turns(&self, goal_id: Option<&str>) -> Result<Vec<TurnRecord>> {
-        self.query_all(&format!(
+        self.query_all(
+            &format!(
                 "SELECT {TURN_COLUMNS} FROM turns WHERE status = 'in_progress' AND (?1 IS NULL OR goal_id = ?1) \
                  ORDER BY created_at"
-            ), [goal_id], turn_from_row, "listing unsettled turns")
+            ),
+            [goal_id],
+            turn_from_row,
+            "listing unsettled turns",
+        )
     }
 
     pub(super) fn reserved_slots(
@@ -51,8 +56,13 @@ impl Db<'_> {
     ) -> Result<(i64, i64)> {
         // `turns_unsettled (status, goal_id)` bounds this by the goal's live turns, never by the
         // journal's history.
-        self.query_one("SELECT COUNT(*), COALESCE(SUM(agent_id = ?2), 0) FROM turns \
-                 WHERE status = 'in_progress' AND goal_id = ?1 AND instr(phases, '\"quota_spend\"') = 0", params![goal_id, agent_id], |r| Ok((r.get(0)?, r.get(1)?)), "counting the slots reserved by running turns")
+        self.query_one(
+            "SELECT COUNT(*), COALESCE(SUM(agent_id = ?2), 0) FROM turns \
+             WHERE status = 'in_progress' AND goal_id = ?1 AND instr(phases, '\"quota_spend\"') = 0",
+            params![goal_id, agent_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+            "counting the slots reserved by running turns",
+        )
     }
 
     pub(super) fn unsettled_turn_on(
@@ -62,7 +72,7 @@ impl Db<'_> {
     ) -> Result<Option<(String, String)>> {
         self.query_opt(
             "SELECT turn_key, agent_id FROM turns \
-                 WHERE status = 'in_progress' AND goal_id = ?1 AND todo_id = ?2 LIMIT 1",
+             WHERE status = 'in_progress' AND goal_id = ?1 AND todo_id = ?2 LIMIT 1",
             params![goal_id, todo_id],
             |r| Ok((r.get(0)?, r.get(1)?)),
             "finding the turn working a todo",
