@@ -55,6 +55,22 @@ wire_enum!(
     }
 );
 
+wire_enum!(
+    /// Who works next and how, derived from the route (the packet's `interaction_contract.mode`).
+    InteractionMode {
+        /// The agent runs one bounded turn on the selected todo.
+        BoundedDelivery => "bounded_delivery",
+        /// An operator resolves a gate first.
+        UserGate => "user_gate",
+        /// An operator installs or enables a missing capability first.
+        CapabilityRepair => "capability_repair",
+        /// The agent adds the next todos.
+        AutonomousReplan => "autonomous_replan",
+        Wait => "wait",
+        Blocked => "blocked",
+    }
+);
+
 /// Something an agent or an operator can do next to move a decision on, with the data it needs.
 ///
 /// A closed set: the kernel names the action and fills in the ids and keys; how it is carried out
@@ -209,6 +225,18 @@ impl Decision {
         }
     }
 
+    /// Who works next and how (the packet's `interaction_contract.mode`).
+    pub fn interaction_mode(&self) -> InteractionMode {
+        match self.route {
+            TurnRoute::ReadyForHost => InteractionMode::BoundedDelivery,
+            TurnRoute::UserActionRequired => InteractionMode::UserGate,
+            TurnRoute::RepairRequired => InteractionMode::CapabilityRepair,
+            TurnRoute::ReplanRequired => InteractionMode::AutonomousReplan,
+            TurnRoute::Wait => InteractionMode::Wait,
+            TurnRoute::Blocked | TurnRoute::ContractError => InteractionMode::Blocked,
+        }
+    }
+
     /// Whether a person must act before the agent can (the packet's `user_channel`).
     pub fn user_action_required(&self) -> bool {
         matches!(
@@ -223,14 +251,7 @@ impl Decision {
     /// and [`Self::operator_actions`] (the CLI: `cli::next_action::should_run_packet`).
     pub fn to_packet(&self) -> Value {
         let user_action_required = self.user_action_required();
-        let mode = match self.route {
-            TurnRoute::ReadyForHost => "bounded_delivery",
-            TurnRoute::UserActionRequired => "user_gate",
-            TurnRoute::RepairRequired => "capability_repair",
-            TurnRoute::ReplanRequired => "autonomous_replan",
-            TurnRoute::Wait => "wait",
-            TurnRoute::Blocked | TurnRoute::ContractError => "blocked",
-        };
+        let mode = self.interaction_mode();
         json!({
             "schema_version": SHOULD_RUN_SCHEMA,
             "goal_id": self.goal_id,

@@ -10,17 +10,42 @@ use super::quota::{QuotaState, QuotaView, view_in_tx};
 use super::{Kernel, require_goal};
 use crate::clock::now_ms;
 use crate::error::Result;
-use crate::model::{Goal, GoalStatus, Role, Todo, TodoKind, TodoStatus};
+use crate::model::{Goal, GoalStatus, Role, Todo, TodoKind, TodoStatus, wire_enum};
 use crate::store::StoreRead;
+
+wire_enum!(
+    /// Who must act on an attention item.
+    Who { Operator => "operator", Agent => "agent" }
+);
+
+wire_enum!(
+    /// What an attention item asks for.
+    AttentionKind {
+        /// An open user gate: an operator decides.
+        Gate => "gate",
+        /// An open user action: something for the operator to read or do.
+        UserAction => "user_action",
+        /// An agent reported it cannot proceed on a todo.
+        Blocked => "blocked",
+        /// Open todos are bound to capabilities that are not installed and enabled.
+        Repair => "repair",
+        /// The goal is paused.
+        Resume => "resume",
+        /// Compute quota is 0.
+        Quota => "quota",
+        /// No open todos: add the next ones or close the goal.
+        Replan => "replan",
+        /// Agent work is ready.
+        Work => "work",
+    }
+);
 
 /// One entry of the attention queue.
 #[derive(Debug, Clone, Serialize)]
 pub struct AttentionItem {
     pub goal_id: String,
-    /// `operator` or `agent`.
-    pub who: &'static str,
-    /// `gate`, `user_action`, `blocked`, `repair`, `resume`, `quota`, `replan`, `work`.
-    pub kind: &'static str,
+    pub who: Who,
+    pub kind: AttentionKind,
     pub todo_id: Option<String>,
     pub title: String,
     pub reason: String,
@@ -48,8 +73,8 @@ pub struct StatusReport {
 
 fn item(
     goal: &str,
-    who: &'static str,
-    kind: &'static str,
+    who: Who,
+    kind: AttentionKind,
     todo: Option<&Todo>,
     title: String,
     reason: String,
@@ -82,8 +107,8 @@ fn goal_status(
     if goal.status == GoalStatus::Paused {
         queue.push(item(
             &gid,
-            "operator",
-            "resume",
+            Who::Operator,
+            AttentionKind::Resume,
             None,
             goal.title.clone(),
             "goal is paused".into(),
@@ -93,9 +118,9 @@ fn goal_status(
     if goal.status == GoalStatus::Active {
         for t in &user {
             let (kind, rank) = if t.kind == TodoKind::UserGate {
-                ("gate", 0)
+                (AttentionKind::Gate, 0)
             } else {
-                ("user_action", 3)
+                (AttentionKind::UserAction, 3)
             };
             let scope = match &t.gate_scope {
                 Some(crate::model::GateScope::BlocksAgent { agent_id }) => {
@@ -106,7 +131,7 @@ fn goal_status(
             };
             queue.push(item(
                 &gid,
-                "operator",
+                Who::Operator,
                 kind,
                 Some(t),
                 t.title.clone(),
@@ -122,8 +147,8 @@ fn goal_status(
         if !missing.is_empty() {
             queue.push(item(
                 &gid,
-                "operator",
-                "repair",
+                Who::Operator,
+                AttentionKind::Repair,
                 None,
                 "install or enable capabilities".into(),
                 missing.join(", "),
@@ -133,8 +158,8 @@ fn goal_status(
         if quota.state == QuotaState::Paused {
             queue.push(item(
                 &gid,
-                "operator",
-                "quota",
+                Who::Operator,
+                AttentionKind::Quota,
                 None,
                 "compute quota is 0".into(),
                 "automatic turns are paused".into(),
@@ -153,8 +178,8 @@ fn goal_status(
             {
                 queue.push(item(
                     &gid,
-                    "operator",
-                    "blocked",
+                    Who::Operator,
+                    AttentionKind::Blocked,
                     Some(t),
                     t.title.clone(),
                     t.status_reason.clone().unwrap_or_else(|| "blocked".into()),
@@ -170,8 +195,8 @@ fn goal_status(
             };
             queue.push(item(
                 &gid,
-                "agent",
-                "work",
+                Who::Agent,
+                AttentionKind::Work,
                 Some(t),
                 t.title.clone(),
                 reason,
@@ -186,8 +211,8 @@ fn goal_status(
             if !pending && user.is_empty() {
                 queue.push(item(
                     &gid,
-                    "operator",
-                    "replan",
+                    Who::Operator,
+                    AttentionKind::Replan,
                     None,
                     goal.title.clone(),
                     "no open todos: add the next ones or close the goal".into(),
