@@ -284,11 +284,49 @@ unsafe fn reap_until(host: libc::pid_t, status_write: libc::c_int) -> ! {
     }
 }
 
-/// Whether this machine can isolate a host (cached for the process): the whole set-up is tried
-/// once in a throwaway child. `Err` carries the reason, for the warning and for `required`.
+/// Whether this machine can isolate a host: the whole set-up is tried once in a throwaway child.
+/// `Err` carries the reason, for the warning and for `required`.
+///
+/// The answer is kept for the process, and a success also in `.loopx/isolation.probe`, keyed by
+/// the kernel's boot id and the user: whether namespaces work is a property of this boot for
+/// this user, so later processes read one small file instead of forking three times. The file
+/// lives where an isolated host cannot write, and only success is kept, so nothing can plant a
+/// lasting "cannot isolate" to downgrade later turns; a failure is probed afresh each time.
 pub fn available(state_dir: &Path) -> std::result::Result<(), String> {
     static PROBE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    PROBE.get_or_init(|| probe(state_dir)).clone()
+    PROBE
+        .get_or_init(|| {
+            let record = state_dir.join(PROBE_FILE);
+            let key = probe_key();
+            if let Some(key) = &key
+                && std::fs::read_to_string(&record).is_ok_and(|text| text.trim() == key)
+            {
+                return Ok(());
+            }
+            let result = probe(state_dir);
+            if result.is_ok()
+                && let Some(key) = key
+            {
+                // Best effort: without the record the next process probes again.
+                let tmp = state_dir.join(format!("{PROBE_FILE}.{}", std::process::id()));
+                if std::fs::write(&tmp, key).is_ok() && std::fs::rename(&tmp, &record).is_err() {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+            }
+            result
+        })
+        .clone()
+}
+
+/// The file under `.loopx/` that records a successful probe.
+pub const PROBE_FILE: &str = "isolation.probe";
+
+/// What a recorded probe must match: this boot of the kernel and this user.
+fn probe_key() -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    // SAFETY: plain syscalls without arguments.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    Some(format!("namespaces ok: boot {} uid {uid} gid {gid}", boot.trim()))
 }
 
 fn probe(state_dir: &Path) -> std::result::Result<(), String> {
