@@ -132,97 +132,55 @@ fn expired_holder_cannot_complete_after_takeover() {
     let p = Project::new();
     let g = p.goal("lease");
     let t = p.add_todo(&g, "slow work", &[]);
-    let first = p.json(&[
-        "todo",
+    let first = p.json(&Project::todo_args(
         "claim",
-        "--goal-id",
         &g,
-        "--todo-id",
         &t,
-        "--agent-id",
         "slow",
-        "--ttl-seconds",
-        "1",
-        "--idempotency-key",
-        "slow-1",
-    ]);
+        &["--ttl-seconds", "1", "--idempotency-key", "slow-1"],
+    ));
     assert_eq!(first["claim"]["fence"], 1);
     // While the lease is live, another agent is refused.
     assert_eq!(
-        p.run(&[
-            "todo",
-            "claim",
-            "--goal-id",
-            &g,
-            "--todo-id",
-            &t,
-            "--agent-id",
-            "fast"
-        ])
-        .code,
+        p.run(&Project::todo_args("claim", &g, &t, "fast", &[]))
+            .code,
         4
     );
     std::thread::sleep(std::time::Duration::from_millis(1200));
-    let second = p.json(&[
-        "todo",
-        "claim",
-        "--goal-id",
-        &g,
-        "--todo-id",
-        &t,
-        "--agent-id",
-        "fast",
-    ]);
+    let second = p.json(&Project::todo_args("claim", &g, &t, "fast", &[]));
     assert_eq!(second["claim"]["fence"], 2);
     assert_eq!(second["claim"]["took_over_from"], "slow");
 
-    let stale_fence = p.run(&[
-        "todo",
+    let stale_fence = p.run(&Project::todo_args(
         "complete",
-        "--goal-id",
         &g,
-        "--todo-id",
         &t,
-        "--agent-id",
         "slow",
-        "--fence",
-        "1",
-        "--evidence",
-        "late",
-    ]);
+        &["--fence", "1", "--evidence", "late"],
+    ));
     assert_eq!(stale_fence.code, 4, "{}", stale_fence.stderr);
     assert!(
         stale_fence.stderr.contains("claimed by agent 'fast'"),
         "{}",
         stale_fence.stderr
     );
-    let stale_key = p.run(&[
-        "todo",
+    let stale_key = p.run(&Project::todo_args(
         "complete",
-        "--goal-id",
         &g,
-        "--todo-id",
         &t,
-        "--agent-id",
         "slow",
-        "--claim-key",
-        "slow-1",
-    ]);
+        &["--claim-key", "slow-1"],
+    ));
     assert_eq!(stale_key.code, 4);
     // The old holder's renew is refused too (the lease is another agent's; the same agent
     // re-granted is `the_same_agent_with_a_stale_fence_or_key_is_refused_after_a_re_grant`).
-    let renew = p.run(&[
-        "todo",
+    let renew = p.run(&Project::todo_args(
         "renew",
-        "--goal-id",
         &g,
-        "--todo-id",
         &t,
-        "--agent-id",
         "slow",
-        "--fence",
-        "1",
-    ]);
+        &["--fence", "1"],
+    ));
     assert_eq!(renew.code, 4);
 
     let todo = p.json(&["todo", "show", "--goal-id", &g, "--todo-id", &t]);
@@ -233,20 +191,13 @@ fn expired_holder_cannot_complete_after_takeover() {
         "the stale write left no evidence"
     );
 
-    p.json(&[
-        "todo",
+    p.json(&Project::todo_args(
         "complete",
-        "--goal-id",
         &g,
-        "--todo-id",
         &t,
-        "--agent-id",
         "fast",
-        "--fence",
-        "2",
-        "--evidence",
-        "done",
-    ]);
+        &["--fence", "2", "--evidence", "done"],
+    ));
     assert_eq!(
         p.json(&["todo", "show", "--goal-id", &g, "--todo-id", &t])["todo"]["status"],
         "completed"
@@ -258,63 +209,41 @@ fn holder_write_needs_current_proof_and_same_agent_same_key_replays() {
     let p = Project::new();
     let g = p.goal("proof");
     let t = p.add_todo(&g, "work", &[]);
-    let c = p.json(&[
-        "todo",
+    let c = p.json(&Project::todo_args(
         "claim",
-        "--goal-id",
         &g,
-        "--todo-id",
         &t,
-        "--agent-id",
         "a1",
-        "--idempotency-key",
-        "k1",
-    ]);
-    let again = p.json(&[
-        "todo",
+        &["--idempotency-key", "k1"],
+    ));
+    let again = p.json(&Project::todo_args(
         "claim",
-        "--goal-id",
         &g,
-        "--todo-id",
         &t,
-        "--agent-id",
         "a1",
-        "--idempotency-key",
-        "k1",
-    ]);
+        &["--idempotency-key", "k1"],
+    ));
     assert_eq!(again["claim"]["replayed"], true);
     assert_eq!(again["claim"]["fence"], c["claim"]["fence"]);
     // No proof: refused with the conflict code and a hint.
-    let r = p.run(&[
-        "todo",
+    let r = p.run(&Project::todo_args(
         "update",
-        "--goal-id",
         &g,
-        "--todo-id",
         &t,
-        "--agent-id",
         "a1",
-        "--evidence",
-        "x",
-    ]);
+        &["--evidence", "x"],
+    ));
     assert_eq!(r.code, 4);
     assert!(r.stderr.contains("--fence"), "{}", r.stderr);
     // Another agent: refused.
     assert_eq!(
-        p.run(&[
-            "todo",
+        p.run(&Project::todo_args(
             "update",
-            "--goal-id",
             &g,
-            "--todo-id",
             &t,
-            "--agent-id",
             "a2",
-            "--fence",
-            "1",
-            "--evidence",
-            "x"
-        ])
+            &["--fence", "1", "--evidence", "x"]
+        ))
         .code,
         4
     );
@@ -334,31 +263,21 @@ fn holder_write_needs_current_proof_and_same_agent_same_key_replays() {
     );
     assert_eq!(ok.code, 0, "{}", ok.stderr);
     // Release returns it to the pool; the old proof is then stale.
-    p.json(&[
-        "todo",
+    p.json(&Project::todo_args(
         "release",
-        "--goal-id",
         &g,
-        "--todo-id",
         &t,
-        "--agent-id",
         "a1",
-        "--claim-key",
-        "k1",
-    ]);
+        &["--claim-key", "k1"],
+    ));
     assert_eq!(
-        p.run(&[
-            "todo",
+        p.run(&Project::todo_args(
             "complete",
-            "--goal-id",
             &g,
-            "--todo-id",
             &t,
-            "--agent-id",
             "a1",
-            "--claim-key",
-            "k1"
-        ])
+            &["--claim-key", "k1"]
+        ))
         .code,
         4
     );

@@ -453,19 +453,11 @@ fn quota_limits_hold_under_parallel_turns() {
         let turns: Vec<_> = (1..=4)
             .map(|i| {
                 let todo = format!("t{i}");
-                p.spawn(&[
-                    "turn",
-                    "run",
-                    "--goal-id",
-                    "g",
-                    "--agent-id",
+                p.spawn(&turn_run(
                     "a1",
-                    "--todo-id",
-                    &todo,
-                    "--trust-host-completion",
-                    "--",
-                    &host,
-                ])
+                    &["--todo-id", &todo, "--trust-host-completion"],
+                    &[&host],
+                ))
             })
             .collect();
         for t in turns {

@@ -1,7 +1,7 @@
 //! Sandbox limits: each hostile capability behaviour fails with its own named error that names the
 //! plugin and the limit, and no row of any table of the database changes (nothing reaches admission).
 
-use crate::support::plugin::{Sandbox, extension, wasm};
+use crate::support::plugin::{Sandbox, extension, fifo_released_after, wasm};
 use loopx::plugin::invoke::{InvokeError, invoke_capability};
 
 const CAP: &str = "hostile/cap";
@@ -310,24 +310,6 @@ fn cap_with_probe(cap_limits: &str, probe_limits: &str) -> (Sandbox, std::path::
     (p, data)
 }
 
-/// Opens `fifo` for writing after `delay` and closes it, so a reader blocked on it gets EOF: the
-/// tests must finish (and fail) on a host that waits for the reader, not hang.
-fn release_fifo_after(fifo: std::path::PathBuf, delay: std::time::Duration) {
-    std::thread::spawn(move || {
-        std::thread::sleep(delay);
-        let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        for _ in 0..200 {
-            // Non-blocking: fails with ENXIO while no reader has it open.
-            let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK) };
-            if fd >= 0 {
-                unsafe { libc::close(fd) };
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    });
-}
-
 /// The capability's 2 s deadline bounds the whole call, provider call included, within the
 /// documented slack (`DEADLINE_SLACK_MS`, plus scheduling noise on a busy machine).
 fn expect_capability_deadline(p: &mut Sandbox, payload: &str) {
@@ -352,9 +334,6 @@ fn provider_call_gets_at_most_the_capabilitys_remaining_deadline() {
 #[test]
 fn provider_blocked_in_a_read_cannot_outlive_the_capability() {
     let (mut p, data) = cap_with_probe("deadline_ms = 2000", "deadline_ms = 8000");
-    let fifo = data.join("fifo");
-    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    release_fifo_after(fifo, std::time::Duration::from_secs(10));
+    fifo_released_after(&data.join("fifo"), std::time::Duration::from_secs(10));
     expect_capability_deadline(&mut p, "call probe/p read /data/fifo\nok");
 }

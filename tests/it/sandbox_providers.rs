@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::support::plugin::{Sandbox, extension, wasm};
+use crate::support::plugin::{Sandbox, extension, fifo_released_after, wasm};
 use loopx::plugin::ObserveRequest;
 use loopx::plugin::invoke::{InvokeError, call_provider};
 
@@ -194,22 +194,7 @@ fn provider_blocked_in_a_read_returns_by_its_deadline() {
         &["fs.read:data=$GRANTED"],
         "deadline_ms = 300",
     );
-    let fifo = granted.join("fifo");
-    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    // Release a reader that is still blocked after 10 s, so an unbounded host fails this test
-    // instead of hanging it.
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(10));
-        for _ in 0..200 {
-            let fd = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK) };
-            if fd >= 0 {
-                unsafe { libc::close(fd) };
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    });
+    fifo_released_after(&granted.join("fifo"), std::time::Duration::from_secs(10));
     let started = std::time::Instant::now();
     let err = refused(&mut p, "read", "/data/fifo");
     assert_eq!(

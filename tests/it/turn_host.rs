@@ -9,11 +9,7 @@ use serde_json::Value;
 fn run_turn(p: &Project, host_body: &str, extra: &[&str]) -> Value {
     p.add_work("t1");
     let host = p.script("host.sh", host_body);
-    let mut args = vec!["turn", "run", "--goal-id", "g", "--agent-id", "a1"];
-    args.extend_from_slice(extra);
-    args.push("--");
-    args.push(&host);
-    p.json(&args)["turn"].clone()
+    p.json(&turn_run("a1", extra, &[&host]))["turn"].clone()
 }
 
 /// The state every failed turn must leave behind.

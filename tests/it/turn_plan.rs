@@ -1,7 +1,7 @@
 //! `loopx turn plan`: the route before any host runs, with its reason and selected todo, and no
 //! writes.
 
-use crate::support::{Project, turn_run};
+use crate::support::{Project, result_host, turn_run};
 
 fn plan(p: &Project, agent: &str) -> serde_json::Value {
     p.json(&["turn", "plan", "--goal-id", "g", "--agent-id", agent])["plan"].clone()
@@ -84,19 +84,8 @@ fn named_turn_keys_replay_and_unknown_keys_are_not_found() {
     let p = Project::with_goal_g();
     p.add_work("t1");
     p.add_work("t2");
-    let host = p.script("host.sh", &crate::support::result_host("progress"));
-    let args = [
-        "turn",
-        "run",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a1",
-        "--turn-key",
-        "deploy-step-1",
-        "--",
-        &host,
-    ];
+    let host = p.script("host.sh", &result_host("progress"));
+    let args = turn_run("a1", &["--turn-key", "deploy-step-1"], &[&host]);
     let first = p.json(&args);
     assert_eq!(first["turn"]["turn_key"], "deploy-step-1");
     assert_eq!(first["turn"]["replayed"], false);

@@ -169,3 +169,23 @@ pub fn extension(
     std::fs::write(dir.join("extension.toml"), text).unwrap();
     dir
 }
+
+/// Makes a FIFO at `fifo` and, after `delay`, opens it for writing and closes it, so a reader
+/// still blocked on it gets EOF: a test of a host that waits for the reader then fails instead
+/// of hanging.
+pub fn fifo_released_after(fifo: &Path, delay: std::time::Duration) {
+    let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        for _ in 0..200 {
+            // Non-blocking: fails with ENXIO while no reader has it open.
+            let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK) };
+            if fd >= 0 {
+                unsafe { libc::close(fd) };
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    });
+}
