@@ -82,6 +82,14 @@ impl Transcript {
         if std::env::var_os("LOOPX_UPDATE_SNAPSHOTS").is_some() {
             std::fs::create_dir_all(file.parent().unwrap()).unwrap();
             std::fs::write(&file, &actual).unwrap();
+            // Nothing was compared: say so, and fail in CI like any other skip.
+            crate::support::skip(
+                "update-snapshots",
+                &format!(
+                    "LOOPX_UPDATE_SNAPSHOTS: wrote {} instead of comparing",
+                    file.display()
+                ),
+            );
             return;
         }
         let expected = std::fs::read_to_string(&file).unwrap_or_else(|e| {
