@@ -4,7 +4,7 @@
 //! pieces in order. A named turn key replays a settled turn or resumes an unsettled one; otherwise
 //! the goal's orphaned turns are settled first, the turn is started through the kernel (decision,
 //! claim and journal row in one transaction, `Kernel::start_turn`) with the journal's first `data`
-//! built here, and [`advance`] drives the phases. The journal row is the whole truth about a turn
+//! built here, and `phases::advance` drives the phases. The journal row is the whole truth about a turn
 //! (`journal`), every phase commits through the kernel with its state effects (`commit`), and a
 //! process that drives a turn holds its lock (`lock`), so a crash anywhere is finished by
 //! `recovery`.

@@ -2,7 +2,7 @@
 //!
 //! Why this exists: the journal row is the whole truth about a turn. Its typed form is shared by
 //! the driver that writes it, recovery that resumes from it, the repair of rows that cannot be
-//! decoded, and the outcome read back from it; and [`next_phase`] is a pure function of it, so
+//! decoded, and the outcome read back from it; and `next_phase` is a pure function of it, so
 //! the same state machine runs a fresh turn and finishes an interrupted one.
 
 use std::path::PathBuf;

@@ -10,11 +10,11 @@
 //! * [`driver`]: run one turn (replay, recover orphans, start, drive).
 //! * [`request`]: the request and the checks made before anything is written.
 //! * [`journal`]: the journal's typed `data` and the next phase it implies.
-//! * [`phases`]: the phase loop; [`commit`]: one phase's commit through the kernel;
-//!   [`settle`]: writeback and closeout.
-//! * [`recovery`]: settling turns whose driver is gone; [`lock`]: who drives a turn.
+//! * `phases` (private): the phase loop; `commit` (private): one phase's commit through the
+//!   kernel; `settle` (private): writeback and closeout.
+//! * [`recovery`]: settling turns whose driver is gone; `lock` (private): who drives a turn.
 //! * [`outcome`]: how a turn ended, and the read-only views (plan, inspect, list).
-//! * [`agent_side`]: the sandbox, channel and environment of the host and validator.
+//! * `agent_side` (private): the sandbox, channel and environment of the host and validator.
 //! * [`host`]: process groups, timeouts, capped output, stop signals.
 //! * [`isolation`]: the namespaces that keep the host out of `.loopx/`.
 //! * [`channel`]: the socket through which the host's `loopx` calls reach the driver.
