@@ -20,6 +20,8 @@ const DECISION_PLACEHOLDER: &str = "<decision>";
 
 /// The command that carries out `action`, as an argv vector (`loopx` first).
 pub fn argv(action: &NextAction) -> Vec<String> {
+    // The one argument not already text; declared here so the words below can borrow it.
+    let share: String;
     let words: Vec<&str> = match action {
         NextAction::ClaimTodo {
             goal_id,
@@ -101,11 +103,8 @@ pub fn argv(action: &NextAction) -> Vec<String> {
         NextAction::ListExtensions => vec!["extension", "list"],
         NextAction::ListTodos { goal_id } => vec!["todo", "list", "--goal-id", goal_id],
         NextAction::SetCompute { goal_id, compute } => {
-            return ["loopx", "quota", "set", "--goal-id", goal_id, "--compute"]
-                .into_iter()
-                .map(str::to_string)
-                .chain([compute.to_string()])
-                .collect();
+            share = compute.to_string();
+            vec!["quota", "set", "--goal-id", goal_id, "--compute", &share]
         }
         NextAction::ResumeGoal { goal_id } => vec!["goal", "resume", "--goal-id", goal_id],
     };
