@@ -2,43 +2,22 @@
 //! `extension install` → `capability invoke` (dry run, then for real), `provider call`, the
 //! extension lifecycle, and a sandbox failure's exit code and message.
 
-use std::path::Path;
 use std::process::Command;
 
-use crate::support::Run;
+use crate::support::Project;
 use crate::support::plugin::{extension, repo, wasm};
 use serde_json::Value;
 
-fn run(cwd: &Path, args: &[&str]) -> Run {
-    let mut cmd = Command::new(crate::support::loopx_bin());
-    cmd.args(args).current_dir(cwd);
-    for k in [
-        "LOOPX_ROOT",
-        "LOOPX_TURN_KEY",
-        "LOOPX_AGENT_ID",
-        "LOOPX_CLAIM_KEY",
-    ] {
-        cmd.env_remove(k);
-    }
-    crate::support::to_run(cmd.output().unwrap())
-}
-
-fn todo_list(dir: &Path, goal: &str) -> Value {
-    run(
-        dir,
-        &["--format", "json", "todo", "list", "--goal-id", goal],
-    )
-    .ok()
-    .json()
+fn todo_list(p: &Project, goal: &str) -> Value {
+    p.json(&["todo", "list", "--goal-id", goal])
 }
 
 #[test]
 fn first_party_extensions_through_the_cli() {
     wasm("fs-observe");
     wasm("issue-fix");
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    run(d, &["init"]).ok();
+    let p = Project::new();
+    let d = p.path();
     let ws = d.join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     std::fs::write(
@@ -48,9 +27,8 @@ fn first_party_extensions_through_the_cli() {
     .unwrap();
     let fs_dir = repo().join("extensions/fs-observe");
     let grant = format!("fs.read:workspace={}", ws.display());
-    let installed = run(
-        d,
-        &[
+    let installed = p
+        .run(&[
             "--format",
             "json",
             "extension",
@@ -58,25 +36,22 @@ fn first_party_extensions_through_the_cli() {
             fs_dir.to_str().unwrap(),
             "--grant",
             &grant,
-        ],
-    )
-    .ok()
-    .json();
+        ])
+        .ok()
+        .json();
     assert_eq!(installed["install"]["revision"], 1);
-    run(
-        d,
-        &[
-            "extension",
-            "install",
-            repo().join("extensions/issue-fix").to_str().unwrap(),
-        ],
-    )
+    p.run(&[
+        "extension",
+        "install",
+        repo().join("extensions/issue-fix").to_str().unwrap(),
+    ])
     .ok();
-    let list = run(d, &["--format", "json", "extension", "list"])
+    let list = p
+        .run(&["--format", "json", "extension", "list"])
         .ok()
         .json();
     assert_eq!(list["extensions"].as_array().unwrap().len(), 2);
-    let inspect = run(d, &["extension", "inspect", "fs-observe"]).ok();
+    let inspect = p.run(&["extension", "inspect", "fs-observe"]).ok();
     assert!(
         inspect.stdout.contains("fs.read:workspace="),
         "{}",
@@ -89,9 +64,8 @@ fn first_party_extensions_through_the_cli() {
         r#"{"operation": "test-results", "target": "test-results.txt"}"#,
     )
     .unwrap();
-    let obs = run(
-        d,
-        &[
+    let obs = p
+        .run(&[
             "--format",
             "json",
             "provider",
@@ -99,24 +73,19 @@ fn first_party_extensions_through_the_cli() {
             "fs-observe/fs",
             "--input",
             "req.json",
-        ],
-    )
-    .ok()
-    .json();
+        ])
+        .ok()
+        .json();
     assert_eq!(obs["observation"]["kind"], "test-results");
     assert_eq!(obs["observation"]["source"], "fs-observe/fs");
 
     // Capability invoke: dry run writes nothing, then for real.
-    run(
-        d,
-        &["goal", "create", "--id", "g1", "--title", "Fix the tests"],
-    )
-    .ok();
+    p.run(&["goal", "create", "--id", "g1", "--title", "Fix the tests"])
+        .ok();
     std::fs::write(d.join("fix.txt"), "issue = a::b fails\n").unwrap();
-    let before = todo_list(d, "g1");
-    let dry = run(
-        d,
-        &[
+    let before = todo_list(&p, "g1");
+    let dry = p
+        .run(&[
             "--format",
             "json",
             "capability",
@@ -127,16 +96,14 @@ fn first_party_extensions_through_the_cli() {
             "--input",
             "fix.txt",
             "--dry-run",
-        ],
-    )
-    .ok()
-    .json();
+        ])
+        .ok()
+        .json();
     assert_eq!(dry["dry_run"], true);
     assert_eq!(dry["admission"]["refused"], 0);
-    assert_eq!(todo_list(d, "g1"), before, "a dry run wrote todos");
-    let text = run(
-        d,
-        &[
+    assert_eq!(todo_list(&p, "g1"), before, "a dry run wrote todos");
+    let text = p
+        .run(&[
             "capability",
             "invoke",
             "issue-fix/issue-fix",
@@ -144,42 +111,36 @@ fn first_party_extensions_through_the_cli() {
             "g1",
             "--input",
             "fix.txt",
-        ],
-    )
-    .ok();
+        ])
+        .ok();
     assert!(text.stdout.contains("accepted"), "{}", text.stdout);
-    let todos = todo_list(d, "g1");
+    let todos = todo_list(&p, "g1");
     assert_eq!(todos["todos"].as_array().map(Vec::len), Some(4), "{todos}");
 
     // Lifecycle.
-    run(d, &["extension", "disable", "issue-fix"]).ok();
-    let disabled = run(
-        d,
-        &[
-            "capability",
-            "invoke",
-            "issue-fix/issue-fix",
-            "--goal-id",
-            "g1",
-            "--input",
-            "fix.txt",
-        ],
-    );
+    p.run(&["extension", "disable", "issue-fix"]).ok();
+    let disabled = p.run(&[
+        "capability",
+        "invoke",
+        "issue-fix/issue-fix",
+        "--goal-id",
+        "g1",
+        "--input",
+        "fix.txt",
+    ]);
     assert_eq!(disabled.code, 1, "{}", disabled.stderr);
     assert!(disabled.stderr.contains("disabled"), "{}", disabled.stderr);
-    run(d, &["extension", "enable", "issue-fix"]).ok();
-    let up = run(
-        d,
-        &[
+    p.run(&["extension", "enable", "issue-fix"]).ok();
+    let up = p
+        .run(&[
             "--format",
             "json",
             "extension",
             "upgrade",
             fs_dir.to_str().unwrap(),
-        ],
-    )
-    .ok()
-    .json();
+        ])
+        .ok()
+        .json();
     assert_eq!(up["install"]["revision"], 2);
     assert_eq!(
         up["install"]["grants"][0].as_str().unwrap(),
@@ -188,74 +149,62 @@ fn first_party_extensions_through_the_cli() {
             ws.canonicalize().unwrap().to_str().unwrap()
         )
     );
-    run(d, &["extension", "rollback", "fs-observe"]).ok();
+    p.run(&["extension", "rollback", "fs-observe"]).ok();
 
     // A goal bound to a capability needs it installed and enabled: should-run says repair_required
     // while it is disabled or removed, and runs again once it is back.
-    run(
-        d,
-        &[
-            "todo",
-            "add",
-            "--goal-id",
-            "g1",
-            "--id",
-            "bound",
-            "--title",
-            "needs issue-fix",
-            "--capability",
-            "issue-fix/issue-fix",
-        ],
-    )
+    p.run(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g1",
+        "--id",
+        "bound",
+        "--title",
+        "needs issue-fix",
+        "--capability",
+        "issue-fix/issue-fix",
+    ])
     .ok();
-    let route = |d: &Path| {
-        run(
-            d,
-            &["--format", "json", "quota", "should-run", "--goal-id", "g1"],
-        )
-        .ok()
-        .json()["route"]
+    let route = || {
+        p.run(&["--format", "json", "quota", "should-run", "--goal-id", "g1"])
+            .ok()
+            .json()["route"]
             .clone()
     };
-    assert_ne!(route(d), "repair_required", "installed and enabled");
-    run(d, &["extension", "disable", "issue-fix"]).ok();
-    assert_eq!(route(d), "repair_required");
-    run(d, &["extension", "enable", "issue-fix"]).ok();
-    assert_ne!(route(d), "repair_required");
-    let todos = todo_list(d, "g1");
-    run(d, &["extension", "remove", "issue-fix"]).ok();
-    assert_eq!(todo_list(d, "g1"), todos, "removal changed goal state");
-    let after = run(
-        d,
-        &["--format", "json", "quota", "should-run", "--goal-id", "g1"],
-    )
-    .ok()
-    .json();
+    assert_ne!(route(), "repair_required", "installed and enabled");
+    p.run(&["extension", "disable", "issue-fix"]).ok();
+    assert_eq!(route(), "repair_required");
+    p.run(&["extension", "enable", "issue-fix"]).ok();
+    assert_ne!(route(), "repair_required");
+    let todos = todo_list(&p, "g1");
+    p.run(&["extension", "remove", "issue-fix"]).ok();
+    assert_eq!(todo_list(&p, "g1"), todos, "removal changed goal state");
+    let after = p
+        .run(&["--format", "json", "quota", "should-run", "--goal-id", "g1"])
+        .ok()
+        .json();
     assert_eq!(after["route"], "repair_required", "{after}");
     assert_eq!(
         after["interaction_contract"]["agent_channel"]["missing_capabilities"][0],
         "issue-fix/issue-fix"
     );
-    let gone = run(
-        d,
-        &[
-            "capability",
-            "invoke",
-            "issue-fix/issue-fix",
-            "--goal-id",
-            "g1",
-            "--input",
-            "fix.txt",
-        ],
-    );
+    let gone = p.run(&[
+        "capability",
+        "invoke",
+        "issue-fix/issue-fix",
+        "--goal-id",
+        "g1",
+        "--input",
+        "fix.txt",
+    ]);
     assert_eq!(gone.code, 3, "{}", gone.stderr);
 }
 
 #[test]
 fn sandbox_failure_exit_code_and_message() {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    run(d, &["init"]).ok();
+    let p = Project::new();
+    let d = p.path();
     let ext = extension(
         d,
         "hostile",
@@ -266,24 +215,22 @@ fn sandbox_failure_exit_code_and_message() {
         "",
         "fuel = 3_000_000",
     );
-    run(d, &["extension", "install", ext.to_str().unwrap()]).ok();
-    run(d, &["goal", "create", "--id", "g1", "--title", "Hostile"]).ok();
+    p.run(&["extension", "install", ext.to_str().unwrap()]).ok();
+    p.run(&["goal", "create", "--id", "g1", "--title", "Hostile"])
+        .ok();
     std::fs::write(d.join("loop.txt"), "log 1\nloop\n").unwrap();
-    let before = todo_list(d, "g1");
-    let out = run(
-        d,
-        &[
-            "--format",
-            "json",
-            "capability",
-            "invoke",
-            "hostile/cap",
-            "--goal-id",
-            "g1",
-            "--input",
-            "loop.txt",
-        ],
-    );
+    let before = todo_list(&p, "g1");
+    let out = p.run(&[
+        "--format",
+        "json",
+        "capability",
+        "invoke",
+        "hostile/cap",
+        "--goal-id",
+        "g1",
+        "--input",
+        "loop.txt",
+    ]);
     assert_eq!(out.code, 1, "{}", out.stderr);
     let err = out.json();
     assert_eq!(err["ok"], false);
@@ -301,7 +248,7 @@ fn sandbox_failure_exit_code_and_message() {
         !out.stderr.contains('\u{1b}'),
         "escape sequence reached the terminal"
     );
-    assert_eq!(todo_list(d, "g1"), before);
+    assert_eq!(todo_list(&p, "g1"), before);
     // Ungranted imports refuse install with exit 1 and name the import.
     let net = extension(
         d,
@@ -313,7 +260,7 @@ fn sandbox_failure_exit_code_and_message() {
         "",
         "",
     );
-    let refused = run(d, &["extension", "install", net.to_str().unwrap()]);
+    let refused = p.run(&["extension", "install", net.to_str().unwrap()]);
     assert_eq!(refused.code, 1);
     assert!(
         refused.stderr.contains("wasi:sockets"),
@@ -324,14 +271,10 @@ fn sandbox_failure_exit_code_and_message() {
 
 #[test]
 fn scaffolded_capability_builds_installs_and_runs() {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    run(d, &["init"]).ok();
-    run(
-        d,
-        &["extension", "new", "todo-lines", "--kind", "capability"],
-    )
-    .ok();
+    let p = Project::new();
+    let d = p.path();
+    p.run(&["extension", "new", "todo-lines", "--kind", "capability"])
+        .ok();
     let crate_dir = d.join("todo-lines");
     // Shared target dir under the repo so repeated runs reuse the wit-bindgen build.
     let target = repo().join("target").join("scaffold-test");
@@ -353,12 +296,12 @@ fn scaffolded_capability_builds_installs_and_runs() {
     let expected = crate_dir.join("target/wasm32-wasip2/release");
     std::fs::create_dir_all(&expected).unwrap();
     std::fs::copy(&built, expected.join("todo_lines.wasm")).unwrap();
-    run(d, &["extension", "install", "todo-lines"]).ok();
-    run(d, &["goal", "create", "--id", "g1", "--title", "Scaffold"]).ok();
+    p.run(&["extension", "install", "todo-lines"]).ok();
+    p.run(&["goal", "create", "--id", "g1", "--title", "Scaffold"])
+        .ok();
     std::fs::write(d.join("lines.txt"), "write the parser\nadd tests\n").unwrap();
-    let out = run(
-        d,
-        &[
+    let out = p
+        .run(&[
             "--format",
             "json",
             "capability",
@@ -368,18 +311,18 @@ fn scaffolded_capability_builds_installs_and_runs() {
             "g1",
             "--input",
             "lines.txt",
-        ],
-    )
-    .ok()
-    .json();
+        ])
+        .ok()
+        .json();
     assert_eq!(out["admission"]["accepted"], 2, "{out}");
     assert_eq!(
-        todo_list(d, "g1")["todos"].as_array().map(Vec::len),
+        todo_list(&p, "g1")["todos"].as_array().map(Vec::len),
         Some(2)
     );
 
     // Provider scaffold builds too and reads only its grant.
-    run(d, &["extension", "new", "read-file", "--kind", "provider"]).ok();
+    p.run(&["extension", "new", "read-file", "--kind", "provider"])
+        .ok();
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(d.join("read-file"))
         .args([
@@ -402,25 +345,21 @@ fn scaffolded_capability_builds_installs_and_runs() {
     .unwrap();
     std::fs::create_dir_all(d.join("data")).unwrap();
     std::fs::write(d.join("data/notes.txt"), "hello").unwrap();
-    run(
-        d,
-        &[
-            "extension",
-            "install",
-            "read-file",
-            "--grant",
-            "fs.read:workspace=data",
-        ],
-    )
+    p.run(&[
+        "extension",
+        "install",
+        "read-file",
+        "--grant",
+        "fs.read:workspace=data",
+    ])
     .ok();
     std::fs::write(
         d.join("req.json"),
         r#"{"operation": "read", "target": "notes.txt"}"#,
     )
     .unwrap();
-    let obs = run(
-        d,
-        &[
+    let obs = p
+        .run(&[
             "--format",
             "json",
             "provider",
@@ -428,9 +367,8 @@ fn scaffolded_capability_builds_installs_and_runs() {
             "read-file/read-file",
             "--input",
             "req.json",
-        ],
-    )
-    .ok()
-    .json();
+        ])
+        .ok()
+        .json();
     assert_eq!(obs["observation"]["body"], "hello");
 }
