@@ -5,10 +5,12 @@
 //! re-serializes to a document that is accepted again as the same value (round trip), within the
 //! depth and size limits, and readable back through serde_json after the journal embeds it.
 //!
-//! `cargo test --test it parser_fuzz::` runs 256 cases per property (proptest's default). A longer run:
-//! `PROPTEST_CASES=100000 cargo test --release --test it parser_fuzz::`. A failure prints the minimal
-//! input and proptest stores its seed under `tests/it/parser_fuzz.proptest-regressions` (named after this file), so the case
-//! is replayed first on every later run (commit that file).
+//! `cargo test --test it parser_fuzz::` runs 256 cases per property (proptest's default). A longer
+//! run: `PROPTEST_CASES=100000 cargo test --release --test it parser_fuzz::`. A failure prints the
+//! minimal input and proptest stores its seed in `tests/proptest-regressions/parser_fuzz.txt`, so
+//! the case is replayed first on every later run (commit that file). Proptest derives that path
+//! from this file's: beside the test binary's root (`tests/it`, found by its `main.rs`), in
+//! `proptest-regressions/`, named after this file.
 
 use proptest::prelude::*;
 use serde_json::{Value, json};

@@ -1,4 +1,4 @@
-//! Shared helpers for the plugin-host test suites (`tests/sandbox_*.rs`).
+//! Helpers for the plugin-host suites (the `sandbox_*` modules and the WebAssembly turn tests).
 //!
 //! Building guests: [`wasm`] builds every guest component (first-party extensions and the hostile
 //! guests under `tests/guests/`) once per test process, guarded by a `OnceLock`, with
@@ -10,7 +10,7 @@
 //!
 //! Compiled artifacts are not shared between projects: install trusts only an artifact it compiled
 //! itself or one whose digest its own registry recorded, so a copied-in artifact would be exactly
-//! the planted file `tests/sandbox_install.rs` proves is never used. Each project's installs compile.
+//! the planted file `sandbox_install` proves is never used. Each project's installs compile.
 //!
 //! Projects: [`Sandbox::new`] initializes a fresh `.loopx/` in a temporary directory and opens the
 //! kernel and plugin host on it. [`Sandbox::fingerprint`] is every row of every table the database
