@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{Project, result_host, turn_run};
+use crate::support::{Project, result_host, turn_run, wait_for};
 use serde_json::Value;
 
 fn run_turn(p: &Project, host_body: &str, extra: &[&str]) -> Value {
@@ -269,19 +269,24 @@ fn missing_program_is_host_failure() {
 fn sigterm_to_loopx_terminates_the_host_and_settles_the_turn() {
     let p = Project::with_goal_g();
     p.add_work("t1");
-    let host = p.script("host.sh", "cat >/dev/null\necho $$ > host.pid\nsleep 30\n");
+    // `host.finished` exists only if the host ran to its end: SIGTERM must cut it short.
+    let host = p.script(
+        "host.sh",
+        "cat >/dev/null\necho $$ > host.pid\nsleep 30\ntouch host.finished\n",
+    );
     let child = p.spawn(&[&["--format", "json"][..], &turn_run("a1", &[], &[&host])].concat());
     let pid_file = p.file("host.pid");
-    let t0 = Instant::now();
-    while !pid_file.exists() && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(100));
+    wait_for("the host to start", Duration::from_secs(30), || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|s| s.ends_with('\n'))
+    });
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);
     }
     let out = child.wait_with_output().unwrap();
-    assert!(t0.elapsed() < Duration::from_secs(8));
+    assert!(
+        !p.file("host.finished").exists(),
+        "loopx let the host run to its end instead of terminating it"
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["turn"]["kind"], "host_failure");
     assert!(
