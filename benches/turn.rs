@@ -23,7 +23,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use loopx::runtime::{TurnRequest, TurnResultKind, run_turn};
-use support::{fsync_samples, loopx, manual_tick, median, seed};
+use support::{
+    assert_ticks_done, assert_turns_completed, fsync_samples, loopx, manual_tick, median, seed,
+};
 
 const TODOS: usize = 1_000;
 const ROUNDS: usize = 60;
@@ -155,4 +157,7 @@ fn main() {
         "  5 separate CLI commands              {}   (should-run, claim, complete, refresh-state, spend-slot)",
         ms(median(manual))
     );
+    // Every timed turn and every tick did its work (checked after the timing).
+    assert_turns_completed(dir2.path(), ROUNDS);
+    assert_ticks_done(std::path::Path::new(support::LOOPX), d, ROUNDS);
 }

@@ -245,6 +245,53 @@ pub fn assert_ticks_done(bin: &Path, dir: &Path, rounds: usize) {
     );
 }
 
+/// What the timed `loopx turn run` processes in `dir` must have done, read after the timing is
+/// over: at least `at_least` turns, every one committed with its todo completed, and no other todo
+/// touched. A turn that exits 0 having failed (a host failure is a settled turn, not an error)
+/// would otherwise be timed as a fast turn.
+pub fn assert_turns_completed(dir: &Path, at_least: usize) {
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new(LOOPX)
+            .args(["--format", "json"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let turns = json(&["turn", "list", "--goal-id", "bench", "--limit", "1000"]);
+    let turns = turns["turns"].as_array().expect("a turn list");
+    assert!(
+        turns.len() >= at_least,
+        "{} turns, expected {at_least}",
+        turns.len()
+    );
+    let mut worked: Vec<&str> = Vec::new();
+    for t in turns {
+        assert_eq!(t["status"], "committed", "a timed turn did not commit: {t}");
+        worked.push(t["todo_id"].as_str().expect("the turn's todo"));
+    }
+    let todos = json(&["todo", "list", "--goal-id", "bench"]);
+    let mut completed: Vec<&str> = todos["todos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["status"] == "completed")
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    worked.sort_unstable();
+    completed.sort_unstable();
+    assert_eq!(
+        worked, completed,
+        "the turns' todos and the completed todos differ"
+    );
+}
+
 /// The floor process: `true`, found on `PATH` once, so that no spawn pays for a `PATH` search
 /// (`loopx` is spawned by its path too).
 fn true_process() -> Command {
