@@ -527,7 +527,7 @@ mod tests {
         ];
         let mut expected: Vec<Phase> = Vec::new();
         for (n, (phase, effect)) in phases.into_iter().enumerate() {
-            let before = ops_of(&k, "turn_phase").len();
+            let before: Vec<String> = ops_of(&k, "turn_phase").into_iter().map(|o| o.id).collect();
             let stored = k
                 .commit_turn_phase(
                     &agent("turn-1"),
@@ -543,10 +543,11 @@ mod tests {
             let logged = ops_of(&k, "turn_phase");
             assert_eq!(
                 logged.len(),
-                before + 1,
+                before.len() + 1,
                 "{phase} appended one turn_phase entry"
             );
-            let last = logged.iter().max_by(|a, b| a.id.cmp(&b.id)).unwrap();
+            // Ids of one millisecond are not ordered, so the new entry is the one not seen before.
+            let last = logged.iter().find(|o| !before.contains(&o.id)).unwrap();
             assert_eq!(last.detail["phase"], json!(phase), "{phase}");
             assert_eq!(last.detail["turn_key"], "turn-1");
             assert_eq!(last.actor, "agent:a1");
