@@ -243,16 +243,7 @@ fn should_run_routes_wait_replan_blocked_and_repair() {
         "replan_required"
     );
     let t = p.add_todo(&g, "only", &[]);
-    p.json(&[
-        "todo",
-        "claim",
-        "--goal-id",
-        &g,
-        "--todo-id",
-        &t,
-        "--agent-id",
-        "other",
-    ]);
+    p.json(&Project::todo_args("claim", &g, &t, "other", &[]));
     let waiting = p.json(&["quota", "should-run", "--goal-id", &g]);
     assert_eq!(waiting["route"], "wait", "{waiting}");
     assert_eq!(
@@ -710,16 +701,7 @@ fn state_json_matches_a_fresh_render_after_every_change() {
         "--priority",
         "P0",
     ]);
-    p.json(&[
-        "todo",
-        "claim",
-        "--goal-id",
-        &g,
-        "--todo-id",
-        &ids[3],
-        "--agent-id",
-        "a1",
-    ]);
+    p.json(&Project::todo_args("claim", &g, &ids[3], "a1", &[]));
     p.json(&[
         "todo",
         "update",
@@ -765,18 +747,13 @@ fn state_json_matches_a_fresh_render_after_every_change() {
         serde_json::json!({"agent": {"claimed": 1, "completed": 1, "open": 5}}),
         "the run counts the same rows the projection shows"
     );
-    p.json(&[
-        "todo",
+    p.json(&Project::todo_args(
         "release",
-        "--goal-id",
         &g,
-        "--todo-id",
         &ids[3],
-        "--agent-id",
         "a1",
-        "--fence",
-        "1",
-    ]);
+        &["--fence", "1"],
+    ));
     let md = check("a released claim leaves the lines");
     assert!(md.contains(&format!("todo 3 `{}` (open)", ids[3])), "{md}");
 }

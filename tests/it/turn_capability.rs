@@ -24,16 +24,7 @@ fn explicit_proposals_are_admitted_and_refusals_recorded() {
     let p = Project::with_goal_g();
     p.add_work("t1");
     p.add_work("t2");
-    p.ok(&[
-        "todo",
-        "claim",
-        "--goal-id",
-        "g",
-        "--todo-id",
-        "t2",
-        "--agent-id",
-        "a2",
-    ]);
+    p.ok(&Project::todo_args("claim", "g", "t2", "a2", &[]));
     let host = host_printing(
         &p,
         r#"{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"split the work",
@@ -76,16 +67,7 @@ fn every_proposal_refused_is_writeback_failed() {
     let p = Project::with_goal_g();
     p.add_work("t1");
     p.add_work("t2");
-    p.ok(&[
-        "todo",
-        "claim",
-        "--goal-id",
-        "g",
-        "--todo-id",
-        "t2",
-        "--agent-id",
-        "a2",
-    ]);
+    p.ok(&Project::todo_args("claim", "g", "t2", "a2", &[]));
     let host = host_printing(
         &p,
         r#"{"schema_version":"loopx.turn_result.v1","status":"progress",

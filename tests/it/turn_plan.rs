@@ -27,16 +27,7 @@ fn routes_follow_the_goal_state() {
     assert_eq!(p.todo_status("t1"), "open");
 
     // Someone else holds the only todo: wait.
-    p.ok(&[
-        "todo",
-        "claim",
-        "--goal-id",
-        "g",
-        "--todo-id",
-        "t1",
-        "--agent-id",
-        "a2",
-    ]);
+    p.ok(&Project::todo_args("claim", "g", "t1", "a2", &[]));
     assert_eq!(plan(&p, "a1")["route"], "wait");
     // ...and the holder is told to continue it.
     let held = plan(&p, "a2");
