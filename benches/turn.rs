@@ -89,28 +89,53 @@ fn main() {
             s.elapsed()
         })
         .collect();
-    // 3. `loopx turn run` as a process.
+    // 3. `loopx turn run` as a process, isolated (namespaces + agent channel, the default where
+    // the OS allows) and with `--isolation off`, alternating round by round so that drift in the
+    // machine's speed falls on both alike.
     let dir2 = tempfile::tempdir().unwrap();
     drop(seed(dir2.path(), TODOS, 0));
-    let mut cli = Vec::new();
+    let turn_run = |isolation: &str| {
+        [
+            "turn",
+            "run",
+            "--goal-id",
+            "bench",
+            "--agent-id",
+            "bench-agent",
+            "--isolation",
+            isolation,
+            "--trust-host-completion",
+            "--timeout-seconds",
+            "30",
+            "--",
+            "/bin/echo",
+            RESULT,
+        ]
+        .map(str::to_string)
+    };
+    let isolated = Command::new(support::LOOPX)
+        .arg("--format")
+        .arg("json")
+        .args(turn_run("auto"))
+        .current_dir(dir2.path())
+        .output()
+        .unwrap();
+    assert!(
+        isolated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&isolated.stderr)
+    );
+    let isolation = serde_json::from_slice::<serde_json::Value>(&isolated.stdout).unwrap()["turn"]
+        ["isolation"]
+        .as_str()
+        .unwrap_or("?")
+        .to_string();
+    let (mut cli, mut cli_off) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        cli.push(loopx(
-            dir2.path(),
-            &[
-                "turn",
-                "run",
-                "--goal-id",
-                "bench",
-                "--agent-id",
-                "bench-agent",
-                "--trust-host-completion",
-                "--timeout-seconds",
-                "30",
-                "--",
-                "/bin/echo",
-                RESULT,
-            ],
-        ));
+        let args = turn_run("auto");
+        cli.push(loopx(dir2.path(), &args.each_ref().map(String::as_str)));
+        let args = turn_run("off");
+        cli_off.push(loopx(dir2.path(), &args.each_ref().map(String::as_str)));
     }
     // 4. The same work as five separate commands.
     let dir3 = tempfile::tempdir().unwrap();
@@ -152,7 +177,16 @@ fn main() {
     for (step, xs) in steps {
         println!("    {step:<20} {}", ms(median(xs)));
     }
-    println!("  `loopx turn run` process             {}", ms(median(cli)));
+    let (cli_m, off_m) = (median(cli), median(cli_off));
+    println!(
+        "  `loopx turn run` process             {}   isolation {isolation}",
+        ms(cli_m)
+    );
+    println!(
+        "  the same with --isolation off        {}   isolation adds {} a turn (target < 5 ms)",
+        ms(off_m),
+        ms(cli_m.saturating_sub(off_m))
+    );
     println!(
         "  5 separate CLI commands              {}   (should-run, claim, complete, refresh-state, spend-slot)",
         ms(median(manual))

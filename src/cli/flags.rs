@@ -203,7 +203,7 @@ mod tests {
         assert!(score("1e7").is_err());
     }
 
-    /// Every numeric flag of every command, as `<command path> --flag`. `tests/flag_ranges.rs`
+    /// Every numeric flag of every command, as `<command path> --flag`. `tests/it/flag_ranges.rs`
     /// has one table row per entry; a new numeric flag fails this test until it gets a range here
     /// and a row there.
     pub const NUMERIC_FLAGS: &[&str] = &[

@@ -326,7 +326,10 @@ fn probe_key() -> Option<String> {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     // SAFETY: plain syscalls without arguments.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    Some(format!("namespaces ok: boot {} uid {uid} gid {gid}", boot.trim()))
+    Some(format!(
+        "namespaces ok: boot {} uid {uid} gid {gid}",
+        boot.trim()
+    ))
 }
 
 fn probe(state_dir: &Path) -> std::result::Result<(), String> {
