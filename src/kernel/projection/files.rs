@@ -1,0 +1,211 @@
+//! Writing projection files so that no reader ever sees half of one, and no file someone edited
+//! by hand is silently replaced: atomic replacement through a temp file, write-once run reports,
+//! and the write stamps that let a JSON projection LoopX wrote itself be trusted from one `stat`.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{LoopxError, Result};
+
+/// Fails with exit 5 when `path` exists, is not empty, and is not valid JSON.
+pub fn check_json_projection(path: &Path) -> Result<()> {
+    match std::fs::read(path) {
+        Ok(bytes) if bytes.is_empty() => Ok(()),
+        Ok(bytes) => serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).map(|_| ()).map_err(|e| LoopxError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!(
+                "projection does not parse ({e}); it was left untouched. Move it aside and run `loopx refresh-state` \
+                 to re-create it from the database"
+            ),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(LoopxError::internal(format!("reading {}", path.display()), e)),
+    }
+}
+
+/// The check before a JSON projection is replaced: like [`check_json_projection`], but a file
+/// that still matches the stamp of LoopX's own last write is accepted from one `stat`.
+pub(crate) fn check_before_overwrite(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.len() == 0 => Ok(()),
+        Ok(meta) if read_stamp(path).as_deref() == Some(stamp_of(&meta).as_str()) => Ok(()),
+        _ => check_json_projection(path),
+    }
+}
+
+pub(super) fn stamp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("projection");
+    path.with_file_name(format!(".{name}.stamp"))
+}
+
+/// Length, modification time and inode, each zero-padded to a fixed width (see [`write_stamp`]).
+pub(super) fn stamp_of(meta: &std::fs::Metadata) -> String {
+    format!(
+        "{:020} {:020}.{:09} {:020}",
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ino()
+    )
+}
+
+pub(super) fn read_stamp(path: &Path) -> Option<String> {
+    std::fs::read_to_string(stamp_path(path)).ok()
+}
+
+/// Writes a JSON projection after checking the file it replaces, and stamps the result.
+pub(super) fn write_json_projection(
+    path: &Path,
+    fill: impl FnOnce(&mut ProjectionWriter) -> std::io::Result<()>,
+) -> Result<()> {
+    check_before_overwrite(path)?;
+    write_atomic_with(path, fill)?;
+    // Renaming keeps the inode and modification time: this is the stat of our write.
+    let meta = std::fs::metadata(path)
+        .map_err(|e| LoopxError::internal(format!("reading {}", path.display()), e))?;
+    write_stamp(&stamp_path(path), stamp_of(&meta).as_bytes())
+}
+
+/// Overwrites the stamp file in place. A stamp left stale by a crash between the rename and this
+/// write cannot match the new projection: it names the old inode, which was still alive when the
+/// new file's inode was allocated. A torn stamp matches nothing. So the stamp is neither replaced
+/// by a new file (every file created costs an inode allocation, which on ext4 without a journal
+/// scans past every recently deleted inode) nor truncated: truncating a file to zero makes ext4
+/// start writing it back on close (`auto_da_alloc`), and the next truncation waits for that write
+/// (docs/benchmarks.md). Stamps have a fixed width, so the new one covers the old.
+pub(super) fn write_stamp(stamp_file: &Path, stamp: &[u8]) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let stamp_err = |e| LoopxError::internal(format!("writing {}", stamp_file.display()), e);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(stamp_file)
+        .map_err(stamp_err)?;
+    file.write_all_at(stamp, 0).map_err(stamp_err)?;
+    // Only a stamp longer than ours (damaged, or written by hand) needs cutting.
+    if file.metadata().map_err(stamp_err)?.len() > stamp.len() as u64 {
+        file.set_len(stamp.len() as u64).map_err(stamp_err)?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` atomically (see [`with_temp_file`]), straight from the slice.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    with_temp_file(path, |mut file| file.write_all(bytes))
+}
+
+/// The buffered temp file a projection is streamed into; a concrete type, so serde's many small
+/// writes inline into buffer copies.
+pub(super) type ProjectionWriter = BufWriter<File>;
+
+/// Writes `path` atomically, `fill` streaming the content through a 64 KiB buffer.
+pub(super) fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut ProjectionWriter) -> std::io::Result<()>,
+) -> Result<()> {
+    with_temp_file(path, |file| {
+        let mut w = BufWriter::with_capacity(64 << 10, file);
+        fill(&mut w)?;
+        w.into_inner().map_err(|e| e.into_error())?;
+        Ok(())
+    })
+}
+
+/// Writes `path` atomically: `write` fills a temp file in the same directory, which then takes
+/// the target's place in one step, so a reader sees the old or the new file.
+pub(super) fn with_temp_file(
+    path: &Path,
+    write: impl FnOnce(File) -> std::io::Result<()>,
+) -> Result<()> {
+    let dir = path.parent().expect("projection paths have a parent");
+    std::fs::create_dir_all(dir)
+        .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("projection"),
+        std::process::id()
+    ));
+    let result = (|| -> std::io::Result<()> {
+        write(File::create(&tmp)?)?;
+        replace(&tmp, path)
+    })();
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        LoopxError::internal(format!("writing {}", path.display()), e)
+    })
+}
+
+/// Puts `tmp` in `path`'s place. On Linux the two are exchanged (`renameat2` with
+/// `RENAME_EXCHANGE`) and the old content, now at `tmp`, is unlinked. A plain rename over an
+/// existing file makes ext4 allocate and start writing the new file at once (its `auto_da_alloc`
+/// safeguard), and the next fsync of the database, a command later, then waits for that data
+/// (docs/benchmarks.md has what both cost).
+/// Where exchange is unsupported, or there is no old file, it is a plain rename.
+pub(super) fn replace(tmp: &Path, path: &Path) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+        let (from, to) = (c(tmp)?, c(path)?);
+        // SAFETY: both arguments are valid NUL-terminated paths that outlive the call.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        if rc == 0 {
+            return std::fs::remove_file(tmp);
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ENOENT | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {}
+            _ => return Err(err),
+        }
+    }
+    std::fs::rename(tmp, path)
+}
+
+/// Writes a file that must never change once written (run reports): refuses to replace a
+/// non-empty one, and goes through a temp file so a reader never sees half a report.
+pub(super) fn write_once(path: &Path, bytes: &[u8]) -> Result<()> {
+    if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+        return Err(LoopxError::Conflict(format!(
+            "run report {} already exists; run reports are immutable",
+            path.display()
+        )));
+    }
+    write_atomic(path, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_stamp_is_rewritten_in_place_and_covers_a_longer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let stamp = stamp_path(&path);
+        std::fs::write(&stamp, [b'9'; 200]).unwrap();
+        let stamp_inode = std::fs::metadata(&stamp).unwrap().ino();
+        for content in [&b"{}"[..], b"{\"a\": 1}", b"[]"] {
+            write_json_projection(&path, |w| w.write_all(content)).unwrap();
+            let written = std::fs::metadata(&path).unwrap();
+            assert_eq!(read_stamp(&path), Some(stamp_of(&written)));
+            assert_eq!(std::fs::metadata(&stamp).unwrap().ino(), stamp_inode);
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The Markdown projections: `STATE.md` and the run reports. Every value an agent or plugin wrote
+//! goes through [`crate::inert`], so nothing in them can drive a terminal that `cat`s the file or
+//! open Markdown structure that hides text.
+
+use std::fmt::Write as _;
+
+use super::RenderedTodos;
+use crate::clock::rfc3339;
+use crate::inert::{self, md_block, md_code, md_inline};
+use crate::kernel::quota;
+use crate::model::{Evidence, Goal, Role, Run, Todo};
+
+pub(super) fn run_markdown(run: &Run) -> String {
+    let mut md = format!("# Run {}\n\n", run.id);
+    md.push_str(&format!("- goal: {}\n", md_code(&run.goal_id)));
+    if let Some(a) = &run.agent_id {
+        md.push_str(&format!("- agent: {}\n", md_code(a)));
+    }
+    if let Some(t) = &run.todo_id {
+        md.push_str(&format!("- todo: {}\n", md_code(t)));
+    }
+    md.push_str(&format!(
+        "- classification: {}\n",
+        md_inline(&run.classification)
+    ));
+    if let Some(o) = &run.outcome {
+        md.push_str(&format!("- outcome: {}\n", md_inline(o)));
+    }
+    md.push_str(&format!("- created: {}\n\n", rfc3339(run.created_at)));
+    md.push_str("## Summary\n\n");
+    md.push_str(&if run.summary.is_empty() {
+        "(none)".into()
+    } else {
+        md_block(&run.summary)
+    });
+    // JSON escapes C0 controls in strings but writes C1 and bidi controls as they are; inside
+    // the fence they are made visible too. The exact payload is in the run's `.json` report. A
+    // pretty-printed JSON line starts with indentation and a JSON token, never a backtick, so no
+    // payload can close the fence early.
+    let payload = serde_json::to_string_pretty(&run.payload).unwrap_or_default();
+    md.push_str("\n\n## Payload\n\n```json\n");
+    md.push_str(&inert::text(&payload));
+    md.push_str("\n```\n");
+    md
+}
+
+/// A todo's line in STATE.md's lists (pieces pushed, not formatted: one line per todo per refresh).
+pub(super) fn todo_markdown(md: &mut String, t: &Todo, now: i64) {
+    md.push_str(if t.status.is_terminal() {
+        "- [x] ["
+    } else {
+        "- [ ] ["
+    });
+    md.push_str(t.priority.as_str());
+    md.push_str("] ");
+    inert::push_md_inline(md, &t.title);
+    // Ids (this one and the dependencies) are path-safe tokens (`ids::validate_token`): there is
+    // nothing in them to escape.
+    md.push_str(" `");
+    md.push_str(&t.id);
+    md.push_str("` (");
+    md.push_str(t.status.as_str());
+    if let Some(c) = t.live_claim(now) {
+        let _ = write!(
+            md,
+            ", claimed by {} fence {}",
+            md_inline(&c.agent_id),
+            c.fence
+        );
+    }
+    for (i, dep) in t.depends_on.iter().enumerate() {
+        md.push_str(if i == 0 { ", after " } else { ", " });
+        md.push_str(dep);
+    }
+    md.push_str(")\n");
+}
+
+pub(super) fn state_markdown(
+    goal: &Goal,
+    todos: &RenderedTodos,
+    evidence: &[Evidence],
+    quota: &quota::QuotaView,
+    now: i64,
+) -> String {
+    let mut md = String::with_capacity(1024 + todos.md.len());
+    let _ = write!(md, "# {}\n\n", md_inline(&goal.title));
+    md.push_str(&format!("Goal `{}` is **{}**. Generated {} from the LoopX database; edits here are not read back.\n\n", goal.id, goal.status, rfc3339(now)));
+    md.push_str("## Objective\n\n");
+    md.push_str(&md_block(&goal.objective));
+    md.push_str("\n\n");
+    if !goal.success_criteria.is_empty() {
+        md.push_str("## Success criteria\n\n");
+        for c in &goal.success_criteria {
+            md.push_str(&format!("- {}\n", md_inline(c)));
+        }
+        md.push('\n');
+    }
+    for (heading, role) in [
+        ("User todos and gates", Role::User),
+        ("Agent todos", Role::Agent),
+    ] {
+        md.push_str(&format!("## {heading}\n\n"));
+        let before = md.len();
+        for (_, _, line) in todos.in_order().filter(|(r, _, _)| *r == role) {
+            md.push_str(line);
+        }
+        if md.len() == before {
+            md.push_str("(none)\n");
+        }
+        md.push('\n');
+    }
+    md.push_str("## Quota\n\n");
+    md.push_str(&format!(
+        "{} of {} slots spent in the window ({}).\n\n",
+        quota.spent_slots, quota.allowed_slots, quota.state
+    ));
+    if let Some(p) = &goal.next_probe {
+        md.push_str(&format!(
+            "## Next probe (stored, never executed)\n\n{}\n\n",
+            md_code(p)
+        ));
+    }
+    md.push_str("## Recent evidence\n\n");
+    if evidence.is_empty() {
+        md.push_str("(none)\n");
+    }
+    for e in evidence {
+        md.push_str(&format!(
+            "- `{}` {}: {}\n",
+            e.todo_id,
+            rfc3339(e.created_at),
+            md_inline(&e.text)
+        ));
+    }
+    md
+}

@@ -1,0 +1,400 @@
+//! File projections of the canonical store: `registry.json`, `goals/<id>/state.json` + `STATE.md`,
+//! and the immutable run reports `runs/<run-id>.json` + `.md`.
+//!
+//! Projections are for people and agents that read files; they are always re-creatable from the
+//! database, whose commit is the only durability point of a command. They are written atomically
+//! (temp file, rename) so a reader sees the old or the new content, but not fsynced: that would cost
+//! an fsync per file on every tick for data the database already holds. After a power cut a
+//! just-renamed file can come back empty; an empty projection is therefore treated as missing and
+//! re-created. A non-empty projection that no longer parses is reported as corrupt instead of being
+//! overwritten: someone may have edited it by hand, and silently replacing it would lose that.
+//!
+//! Parsing a goal's `state.json` before every rewrite would cost as much as rendering it
+//! (docs/benchmarks.md), so each JSON projection gets a write stamp beside it (`.<name>.stamp`:
+//! length, modification time, inode of the file as written). A file whose `stat` still matches its
+//! stamp is byte for byte what LoopX wrote, hence valid; any other file is parsed in full. `doctor`
+//! always parses in full.
+//!
+//! The Markdown files show text agents and plugins wrote (titles, objectives, evidence, run
+//! summaries), so every such value goes through [`crate::inert`]: nothing in them can drive a
+//! terminal that `cat`s the file, nor open Markdown structure that hides text when it is rendered.
+//! The JSON files keep the exact text.
+
+use std::io::Write;
+
+use serde_json::{Value, json};
+
+mod files;
+mod markdown;
+mod wire;
+
+pub(crate) use files::check_before_overwrite;
+use files::{ProjectionWriter, write_json_projection, write_once};
+pub use files::{check_json_projection, write_atomic};
+use markdown::{run_markdown, state_markdown, todo_markdown};
+use wire::pretty;
+pub use wire::{EvidenceView, TodoView, evidence_json, goal_json, run_json, todo_json};
+
+use super::{Kernel, quota};
+use crate::clock::{Rfc3339, now_ms, rfc3339};
+use crate::error::Result;
+use crate::model::{Evidence, Goal, Role, Run, TodoStatus};
+use crate::store::{ProjectedTodo, ProjectionCacheTx, StoreRead, TodoLines, TodoOrder};
+
+pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
+pub const STATE_SCHEMA: &str = "loopx.goal_state.v1";
+pub const RUN_SCHEMA: &str = "loopx.run.v1";
+
+/// The format of the todo lines cached in the store (`ProjectionCacheTx::cache_projected_todo`). Bump it
+/// whenever [`TodoView::write_json`] or [`todo_markdown`] changes what they write: lines cached
+/// in another format are then rendered afresh. (3: Markdown values made inert.)
+const TODO_LINES_FORMAT: i64 = 3;
+
+/// Everything a goal's `state.json` and `STATE.md` show, read in one snapshot: `refresh-state`
+/// reads it inside its write transaction (so the files show exactly what it committed, and it can
+/// cache lines it had to render), other writers in a read snapshot.
+pub(crate) struct GoalProjection {
+    goal: Goal,
+    todos: RenderedTodos,
+    evidence: Vec<Evidence>,
+    quota: quota::QuotaView,
+    now: i64,
+}
+
+impl GoalProjection {
+    /// Reads the goal and renders its todos. With `cache_lines` (a write transaction's cache),
+    /// the lines rendered for todos that had none cached are stored for the next refresh.
+    pub(crate) fn read(
+        tx: &dyn StoreRead,
+        goal_id: &str,
+        now: i64,
+        cache_lines: Option<&dyn ProjectionCacheTx>,
+    ) -> Result<GoalProjection> {
+        let goal = super::require_goal(tx, goal_id)?;
+        Ok(GoalProjection {
+            todos: RenderedTodos::read(tx, goal_id, now, cache_lines)?,
+            evidence: tx.recent_evidence(goal_id, 50)?,
+            quota: quota::view_in_tx(tx, goal_id, None, now)?,
+            goal,
+            now,
+        })
+    }
+
+    /// Counts of the goal's todos per (role, status), as `StoreRead::todo_status_counts` gives them.
+    pub(crate) fn todo_counts(&self) -> Vec<(String, String, i64)> {
+        let mut counts = [[0i64; TodoStatus::ALL.len()]; Role::ALL.len()];
+        for r in &self.todos.rows {
+            counts[r.role as usize][r.status as usize] += 1;
+        }
+        let mut out = Vec::new();
+        for (&role, per_status) in Role::ALL.iter().zip(&counts) {
+            for (&status, &n) in TodoStatus::ALL.iter().zip(per_status) {
+                if n > 0 {
+                    out.push((role.as_str().to_owned(), status.as_str().to_owned(), n));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+/// Every todo of a goal as its compact `state.json` line and its STATE.md line, in the order the
+/// store gave them, with the key that puts them in listing order. Rows stream out of the store
+/// (lines cached there are copied; other todos are decoded into one reused `Todo` and rendered)
+/// and only their keys are sorted: at 1,000 todos, decoding, copying and rendering every todo was
+/// most of `refresh-state`.
+struct RenderedTodos {
+    json: Vec<u8>,
+    md: String,
+    rows: Vec<RenderedTodo>,
+    /// Indices into `rows` in listing order.
+    listing: Vec<u32>,
+}
+
+struct RenderedTodo {
+    order: TodoOrder,
+    role: Role,
+    status: TodoStatus,
+    json: std::ops::Range<usize>,
+    md: std::ops::Range<usize>,
+}
+
+impl RenderedTodos {
+    fn read(
+        tx: &dyn StoreRead,
+        goal_id: &str,
+        now: i64,
+        cache_lines: Option<&dyn ProjectionCacheTx>,
+    ) -> Result<RenderedTodos> {
+        let mut out = RenderedTodos {
+            json: Vec::with_capacity(64 << 10),
+            md: String::with_capacity(16 << 10),
+            rows: Vec::new(),
+            listing: Vec::new(),
+        };
+        // (todo id, index into rows) of lines rendered here that may be cached: written after
+        // the scan, not while its cursor is open on the same table.
+        let mut to_cache: Vec<(String, usize)> = Vec::new();
+        crate::store::for_each_projected_todo(tx, goal_id, TODO_LINES_FORMAT, &mut |todo| {
+            let (json_start, md_start) = (out.json.len(), out.md.len());
+            let (order, role, status) = match todo {
+                ProjectedTodo::Cached(lines) => {
+                    out.json.extend_from_slice(lines.json.as_bytes());
+                    out.md.push_str(lines.md);
+                    (lines.order, lines.role, lines.status)
+                }
+                ProjectedTodo::Uncached(todo, order) => {
+                    TodoView::new(todo, now).write_json(&mut out.json);
+                    todo_markdown(&mut out.md, todo, now);
+                    if cache_lines.is_some() && todo.claim.is_none() {
+                        to_cache.push((todo.id.clone(), out.rows.len()));
+                    }
+                    (order, todo.role, todo.status)
+                }
+            };
+            out.rows.push(RenderedTodo {
+                order,
+                role,
+                status,
+                json: json_start..out.json.len(),
+                md: md_start..out.md.len(),
+            });
+            Ok(())
+        })?;
+        for (todo_id, i) in to_cache {
+            let Some(cache) = cache_lines else { break };
+            let row = &out.rows[i];
+            let lines = TodoLines {
+                order: row.order,
+                role: row.role,
+                status: row.status,
+                json: std::str::from_utf8(&out.json[row.json.clone()]).expect("JSON is UTF-8"),
+                md: &out.md[row.md.clone()],
+            };
+            cache.cache_projected_todo(goal_id, &todo_id, TODO_LINES_FORMAT, &lines)?;
+        }
+        let mut keys: Vec<(TodoOrder, u32)> = (out.rows.iter().enumerate())
+            .map(|(i, r)| (r.order, i as u32))
+            .collect();
+        keys.sort_unstable();
+        out.listing = keys.into_iter().map(|(_, i)| i).collect();
+        Ok(out)
+    }
+
+    /// (role, state.json line, STATE.md line) in listing order.
+    fn in_order(&self) -> impl Iterator<Item = (Role, &[u8], &str)> {
+        self.listing.iter().map(|&i| {
+            let r = &self.rows[i as usize];
+            (r.role, &self.json[r.json.clone()], &self.md[r.md.clone()])
+        })
+    }
+}
+
+/// Writes `goals/<id>/state.json`. The file is line-oriented JSON: one top-level key per line and
+/// one todo per line (compact), so `grep '"id":"t42"'` finds a todo and a diff between two
+/// refreshes shows exactly the todos that changed; rendering 1,000 todos this way also costs half
+/// of pretty-printing them, which mattered on every `refresh-state`.
+fn write_state_json(
+    w: &mut ProjectionWriter,
+    now: i64,
+    goal: &Goal,
+    todos: &RenderedTodos,
+    evidence: &[Evidence],
+    quota: &quota::QuotaView,
+) -> std::io::Result<()> {
+    fn field(
+        w: &mut ProjectionWriter,
+        key: &str,
+        value: &impl serde::Serialize,
+    ) -> std::io::Result<()> {
+        write!(w, "  \"{key}\": ")?;
+        serde_json::to_writer(&mut *w, value)?;
+        w.write_all(b",\n")
+    }
+    w.write_all(b"{\n")?;
+    field(w, "schema_version", &STATE_SCHEMA)?;
+    field(w, "generated_at", &Rfc3339(now))?;
+    field(w, "goal", &goal_json(goal))?;
+    w.write_all(b"  \"todos\": [")?;
+    for (i, (_, line, _)) in todos.in_order().enumerate() {
+        w.write_all(if i == 0 { b"\n    " } else { b",\n    " })?;
+        w.write_all(line)?;
+    }
+    w.write_all(if todos.rows.is_empty() {
+        b"],\n"
+    } else {
+        b"\n  ],\n"
+    })?;
+    let evidence: Vec<EvidenceView> = evidence.iter().map(evidence_json).collect();
+    field(w, "recent_evidence", &evidence)?;
+    write!(w, "  \"quota\": ")?;
+    serde_json::to_writer(&mut *w, &quota.to_json())?;
+    w.write_all(b"\n}\n")
+}
+
+impl Kernel {
+    /// Rewrites `.loopx/registry.json` from the database.
+    pub fn write_registry_projection(&mut self) -> Result<()> {
+        let path = self.paths().registry();
+        let (goals, extensions) = self.read(|tx| Ok((tx.goals()?, tx.extensions()?)))?;
+        let value = json!({
+            "schema_version": REGISTRY_SCHEMA,
+            "generated_at": rfc3339(now_ms()),
+            "goals": goals.iter().map(|g| json!({
+                "id": g.id,
+                "title": g.title,
+                "status": g.status,
+                "objective": g.objective,
+                "project_dir": g.project_dir,
+                "next_probe": g.next_probe,
+                "state_file": format!("goals/{}/state.json", g.id),
+            })).collect::<Vec<_>>(),
+            "extensions": extensions.iter().map(|e| json!({
+                "id": e.id,
+                "version": e.version,
+                "revision": e.revision,
+                "enabled": e.enabled,
+                "provides": e.manifest.get("provides").cloned().unwrap_or(Value::Null),
+            })).collect::<Vec<_>>(),
+        });
+        let bytes = pretty(&value);
+        write_json_projection(&path, |w| w.write_all(&bytes))
+    }
+
+    /// Rewrites `goals/<id>/state.json` and `STATE.md` from the database (one read snapshot).
+    pub fn write_goal_projection(&mut self, goal_id: &str) -> Result<()> {
+        let now = now_ms();
+        let projection = self.read(|tx| GoalProjection::read(tx, goal_id, now, None))?;
+        self.write_goal_files(&projection)
+    }
+
+    /// Writes `state.json` (after checking the file it replaces) and `STATE.md`.
+    pub(crate) fn write_goal_files(&self, p: &GoalProjection) -> Result<()> {
+        write_json_projection(&self.paths().goal_state_json(&p.goal.id), |w| {
+            write_state_json(w, p.now, &p.goal, &p.todos, &p.evidence, &p.quota)
+        })?;
+        write_atomic(
+            &self.paths().goal_state_md(&p.goal.id),
+            state_markdown(&p.goal, &p.todos, &p.evidence, &p.quota, p.now).as_bytes(),
+        )
+    }
+
+    /// Writes the immutable report pair for a run.
+    pub fn write_run_report(&self, run: &Run) -> Result<()> {
+        write_once(
+            &self.paths().run_json(&run.goal_id, &run.id),
+            &pretty(&run_json(run)),
+        )?;
+        write_once(
+            &self.paths().run_md(&run.goal_id, &run.id),
+            run_markdown(run).as_bytes(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Claim, GateScope, Priority, Todo, TodoKind, TodoStatus};
+
+    fn todo() -> Todo {
+        Todo {
+            id: "t1".into(),
+            goal_id: "g".into(),
+            role: Role::User,
+            kind: TodoKind::UserGate,
+            title: "quote \" backslash \\ newline \n tab \t bell \u{7} é ✓".into(),
+            detail: String::new(),
+            priority: Priority::P1,
+            status: TodoStatus::Claimed,
+            depends_on: vec!["t0".into(), "t\"x".into()],
+            capability: Some("cap.read".into()),
+            lane: None,
+            gate_scope: Some(GateScope::BlocksAgent {
+                agent_id: "a1".into(),
+            }),
+            claim: Some(Claim {
+                agent_id: "a1".into(),
+                fence: 7,
+                expires_at: 2_000,
+                idempotency_key: "k".into(),
+                claimed_at: 1_000,
+            }),
+            last_fence: 7,
+            status_reason: Some("waiting".into()),
+            created_at: 0,
+            updated_at: 951_782_400_000,
+        }
+    }
+
+    fn line(todo: &Todo, now: i64) -> String {
+        let mut out = Vec::new();
+        TodoView::new(todo, now).write_json(&mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn todo_line_is_json_with_every_field_in_a_fixed_order() {
+        let t = todo();
+        let text = line(&t, 1_500);
+        let v: Value = serde_json::from_str(&text).expect("valid JSON");
+        assert_eq!(v["id"], "t1");
+        assert_eq!(v["role"], "user");
+        assert_eq!(v["kind"], "user_gate");
+        assert_eq!(v["title"], t.title.as_str(), "escaped text round-trips");
+        assert_eq!(v["detail"], "");
+        assert_eq!(v["priority"], "P1");
+        assert_eq!(v["status"], "claimed");
+        assert_eq!(v["depends_on"], json!(["t0", "t\"x"]));
+        assert_eq!(v["capability"], "cap.read");
+        assert_eq!(v["lane"], Value::Null);
+        assert_eq!(
+            v["gate_scope"],
+            json!({"scope": "blocks_agent", "agent_id": "a1"})
+        );
+        assert_eq!(
+            v["claim"],
+            json!({"agent_id": "a1", "fence": 7, "expires_at": "1970-01-01T00:00:02.000Z", "live": true})
+        );
+        assert_eq!(v["status_reason"], "waiting");
+        assert_eq!(v["created_at"], "1970-01-01T00:00:00.000Z");
+        assert_eq!(v["updated_at"], "2000-02-29T00:00:00.000Z");
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys.len(), 15, "no field missing or extra: {keys:?}");
+        let positions: Vec<usize> = [
+            "\"id\"",
+            "\"role\"",
+            "\"kind\"",
+            "\"title\"",
+            "\"detail\"",
+            "\"priority\"",
+            "\"status\"",
+            "\"depends_on\"",
+            "\"capability\"",
+            "\"lane\"",
+            "\"gate_scope\"",
+            "\"claim\"",
+            "\"status_reason\"",
+            "\"created_at\"",
+            "\"updated_at\"",
+        ]
+        .iter()
+        .map(|k| {
+            text.find(&format!("{k}:"))
+                .unwrap_or_else(|| panic!("{k} in {text}"))
+        })
+        .collect();
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "{text}");
+        assert!(!text.contains('\n'), "one line: {text}");
+    }
+
+    #[test]
+    fn claim_liveness_is_judged_at_render_time() {
+        let mut t = todo();
+        assert!(line(&t, 2_000).contains("\"live\":false"));
+        t.claim = None;
+        assert!(line(&t, 0).contains("\"claim\":null"));
+        assert_eq!(todo_json(&t, 0)["claim"], Value::Null);
+    }
+}
