@@ -122,7 +122,7 @@ pub fn run(ctx: &Context, cmd: GoalCommand) -> Result<Output> {
         }
         GoalCommand::List => Ok(goals_output(&ctx.kernel()?.goals()?)),
         GoalCommand::Show { goal_id } => {
-            let mut kernel = ctx.kernel()?;
+            let kernel = ctx.kernel()?;
             let goal = kernel.goal(&goal_id)?;
             let todos = kernel.todos(&goal_id)?;
             let now = crate::clock::now_ms();

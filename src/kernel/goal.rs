@@ -101,7 +101,7 @@ impl Kernel {
         self.read(|tx| tx.goals())
     }
 
-    pub fn goal(&mut self, goal_id: &str) -> Result<Goal> {
+    pub fn goal(&self, goal_id: &str) -> Result<Goal> {
         self.read(|tx| require_goal(tx, goal_id))
     }
 

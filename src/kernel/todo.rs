@@ -375,7 +375,7 @@ impl Kernel {
         })
     }
 
-    pub fn todos(&mut self, goal_id: &str) -> Result<Vec<Todo>> {
+    pub fn todos(&self, goal_id: &str) -> Result<Vec<Todo>> {
         self.read(|tx| {
             require_goal(tx, goal_id)?;
             tx.todos(goal_id)
