@@ -325,3 +325,10 @@ pub(crate) fn require_todo(
         ))
     })
 }
+
+/// A kernel handle can move to another thread (a server holds one per thread or a pool): its
+/// store is `Send` by its trait, and reads go through `&self`. Checked when the crate compiles.
+const _: () = {
+    fn assert_send<T: Send>() {}
+    let _ = assert_send::<Kernel>;
+};
