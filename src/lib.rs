@@ -16,7 +16,6 @@ pub mod paths;
 pub mod plugin;
 pub mod registry;
 pub mod runtime;
-pub mod store;
 pub mod turn;
 
 pub use error::{LoopxError, Result};

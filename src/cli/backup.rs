@@ -12,7 +12,7 @@ use serde_json::json;
 use super::Context;
 use super::output::Output;
 use crate::error::{Result, conflict};
-use crate::store::Backend;
+use crate::kernel::doctor::backup_database;
 
 #[derive(Debug, clap::Args)]
 pub struct BackupArgs {
@@ -35,10 +35,7 @@ pub fn run(ctx: &Context, args: BackupArgs) -> Result<Output> {
             dest.display()
         )));
     }
-    // The store directly, not the kernel: a damaged projection must not stand between an
-    // operator and a copy of the database.
-    let store = crate::store::open(Backend::default(), &paths.db())?;
-    let pages = store.backup_to(&dest)?;
+    let pages = backup_database(&paths, &dest)?;
     let bytes = std::fs::metadata(&dest).map(|m| m.len()).unwrap_or(0);
     Ok(Output::new(json!({
         "backup": dest,

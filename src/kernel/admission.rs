@@ -16,8 +16,8 @@ use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
 use crate::error::{LoopxError, Result};
 use crate::ids::new_ulid;
+use crate::kernel::store::StoreTx;
 use crate::model::{GateScope, GoalStatus, Role, Run, TodoKind, TodoStatus};
-use crate::store::StoreTx;
 
 /// Why a proposal is refused; becomes the verdict's reason.
 type Refusal = String;

@@ -13,8 +13,8 @@ use super::{Actor, Kernel, LeaseProof, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input, conflict, not_found, refused};
 use crate::ids::{new_ulid, validate_token};
+use crate::kernel::store::StoreTx;
 use crate::model::{Claim, GoalStatus, Role, Todo, TodoStatus};
-use crate::store::StoreTx;
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30 * 60;
 pub const MAX_TTL_SECONDS: u64 = 24 * 60 * 60;

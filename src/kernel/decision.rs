@@ -14,8 +14,8 @@ use super::{Kernel, require_goal};
 use crate::clock::{now_ms, rfc3339};
 use crate::error::Result;
 use crate::ids::validate_token;
+use crate::kernel::store::StoreRead;
 use crate::model::{GoalStatus, QuotaPolicy, Role, Todo, TodoStatus, wire_enum};
-use crate::store::StoreRead;
 
 pub const SHOULD_RUN_SCHEMA: &str = "loopx.should_run.v1";
 

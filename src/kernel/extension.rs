@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 
 use super::{Actor, Kernel, log_op};
 use crate::error::{LoopxError, Result, not_found, refused};
+use crate::model::ArtifactRecord;
 use crate::model::ExtensionRecord;
-use crate::store::ArtifactRecord;
 
 /// A change to a project's extensions. Every one of them is an operator decision: it changes
 /// which code runs in the project and what that code may touch.

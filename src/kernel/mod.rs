@@ -8,12 +8,14 @@
 pub mod admission;
 pub mod claim;
 pub mod decision;
+pub mod doctor;
 pub mod extension;
 pub mod goal;
 pub mod projection;
 pub mod quota;
 pub mod run;
 pub mod status;
+mod store;
 pub mod todo;
 pub mod transition;
 pub mod turn_journal;
@@ -25,8 +27,8 @@ use serde::{Deserialize, Serialize};
 use crate::clock::now_ms;
 use crate::error::{LoopxError, Result, refused};
 use crate::ids::new_ulid;
+use crate::kernel::store::{Backend, OpRecord, Store, StoreRead, StoreTx};
 use crate::paths::ProjectPaths;
-use crate::store::{Backend, OpRecord, Store, StoreRead, StoreTx};
 
 /// Agent id used when a command names none and `LOOPX_AGENT_ID` is unset.
 pub const DEFAULT_AGENT_ID: &str = "agent";
@@ -143,15 +145,15 @@ impl Kernel {
             LoopxError::internal(format!("creating {}", paths.goals_dir().display()), e)
         })?;
         // A damage marker left beside a database that is gone says nothing about the new one.
-        let marker = crate::store::damage_marker(&paths.db());
+        let marker = crate::kernel::store::damage_marker(&paths.db());
         if marker.exists() {
             std::fs::remove_file(&marker).map_err(|e| {
                 LoopxError::io(&marker, format!("removing {}", marker.display()), e)
             })?;
         }
-        let store = crate::store::create(Backend::default(), &paths.db())?;
+        let store = crate::kernel::store::create(Backend::default(), &paths.db())?;
         // The store made its own entries durable; this makes `.loopx/` itself so.
-        crate::store::sync_directory(&paths.project)?;
+        crate::kernel::store::sync_directory(&paths.project)?;
         let mut kernel = Kernel {
             paths,
             store,
@@ -165,7 +167,7 @@ impl Kernel {
     /// projection is reported, never silently replaced).
     pub fn open(paths: ProjectPaths) -> Result<Kernel> {
         projection::check_json_projection(&paths.registry())?;
-        let store = crate::store::open(Backend::default(), &paths.db())?;
+        let store = crate::kernel::store::open(Backend::default(), &paths.db())?;
         Ok(Kernel {
             paths,
             store,

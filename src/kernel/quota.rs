@@ -139,7 +139,7 @@ pub struct SpendReceipt {
 }
 
 pub(crate) fn view_in_tx(
-    tx: &dyn crate::store::StoreRead,
+    tx: &dyn crate::kernel::store::StoreRead,
     goal_id: &str,
     agent_id: Option<&str>,
     now: i64,
@@ -190,7 +190,7 @@ fn check_spend_request(req: &SpendRequest) -> Result<()> {
 /// [`Kernel::spend`] and the turn driver, which spends in the same transaction as its journal
 /// phase). Validates like `Kernel::spend`.
 pub(crate) fn spend_in_tx(
-    tx: &dyn crate::store::StoreTx,
+    tx: &dyn crate::kernel::store::StoreTx,
     actor: &Actor,
     req: &SpendRequest,
     now: i64,

@@ -58,7 +58,7 @@ fn counts_json(counts: &[(String, String, i64)]) -> Value {
 /// Inserts a run row and its operation-log entry inside the caller's transaction (the turn driver
 /// records its run together with the journal phase that settles it).
 pub(crate) fn record_run_in_tx(
-    tx: &dyn crate::store::StoreTx,
+    tx: &dyn crate::kernel::store::StoreTx,
     actor: &Actor,
     run: &Run,
 ) -> Result<()> {

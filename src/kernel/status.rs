@@ -10,8 +10,8 @@ use super::quota::{QuotaState, QuotaView, view_in_tx};
 use super::{Kernel, require_goal};
 use crate::clock::now_ms;
 use crate::error::Result;
+use crate::kernel::store::StoreRead;
 use crate::model::{Goal, GoalStatus, Role, Todo, TodoKind, TodoStatus, wire_enum};
-use crate::store::StoreRead;
 
 wire_enum!(
     /// Who must act on an attention item.

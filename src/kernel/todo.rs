@@ -10,8 +10,8 @@ use super::{Actor, Kernel, LeaseProof, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input, conflict, not_found, refused};
 use crate::ids::validate_token;
+use crate::kernel::store::StoreTx;
 use crate::model::{Evidence, GateScope, Priority, Role, Todo, TodoKind, TodoStatus};
-use crate::store::StoreTx;
 
 pub const MAX_TITLE: usize = 500;
 pub const MAX_TEXT: usize = 16 * 1024;

@@ -442,7 +442,7 @@ mod tests {
     }
 
     /// Every operation-log entry of goal `g`, of `kind`.
-    fn ops_of(k: &Kernel, kind: &str) -> Vec<crate::store::OpRecord> {
+    fn ops_of(k: &Kernel, kind: &str) -> Vec<crate::kernel::store::OpRecord> {
         k.read(|tx| tx.ops(Some("g"), 10_000))
             .unwrap()
             .into_iter()

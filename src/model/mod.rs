@@ -300,3 +300,14 @@ pub struct ExtensionRecord {
     /// Monotonic revision; older revisions are kept for rollback.
     pub revision: i64,
 }
+
+/// The recorded digest of one precompiled component artifact (table `component_artifacts`): the
+/// artifact compiled from the component with `component_sha256` by an engine whose compatibility
+/// fingerprint is `engine_key` must hash to `artifact_sha256`, or it is never deserialized.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ArtifactRecord {
+    pub component_sha256: String,
+    pub engine_key: String,
+    pub artifact_sha256: String,
+    pub recorded_at: i64,
+}

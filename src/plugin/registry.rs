@@ -20,9 +20,9 @@ use crate::clock::now_ms;
 use crate::error::{LoopxError, Result, conflict, not_found};
 use crate::kernel::extension::{ExtensionChange, ExtensionRevision};
 use crate::kernel::{Actor, Kernel};
+use crate::model::ArtifactRecord;
 use crate::model::ExtensionRecord;
 use crate::paths::ProjectPaths;
-use crate::store::ArtifactRecord;
 
 use super::artifacts::read_artifact;
 use super::audit::audit_wasm_imports;

@@ -38,8 +38,8 @@ pub use wire::{EvidenceView, TodoView, evidence_json, goal_json, run_json, todo_
 use super::{Kernel, quota};
 use crate::clock::{Rfc3339, now_ms, rfc3339};
 use crate::error::Result;
+use crate::kernel::store::{ProjectedTodo, ProjectionCacheTx, StoreRead, TodoLines, TodoOrder};
 use crate::model::{Evidence, Goal, Role, Run, TodoStatus};
-use crate::store::{ProjectedTodo, ProjectionCacheTx, StoreRead, TodoLines, TodoOrder};
 
 pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
 pub const STATE_SCHEMA: &str = "loopx.goal_state.v1";
@@ -136,32 +136,37 @@ impl RenderedTodos {
         // (todo id, index into rows) of lines rendered here that may be cached: written after
         // the scan, not while its cursor is open on the same table.
         let mut to_cache: Vec<(String, usize)> = Vec::new();
-        crate::store::for_each_projected_todo(tx, goal_id, TODO_LINES_FORMAT, &mut |todo| {
-            let (json_start, md_start) = (out.json.len(), out.md.len());
-            let (order, role, status) = match todo {
-                ProjectedTodo::Cached(lines) => {
-                    out.json.extend_from_slice(lines.json.as_bytes());
-                    out.md.push_str(lines.md);
-                    (lines.order, lines.role, lines.status)
-                }
-                ProjectedTodo::Uncached(todo, order) => {
-                    TodoView::new(todo, now).write_json(&mut out.json);
-                    todo_markdown(&mut out.md, todo, now);
-                    if cache_lines.is_some() && todo.claim.is_none() {
-                        to_cache.push((todo.id.clone(), out.rows.len()));
+        crate::kernel::store::for_each_projected_todo(
+            tx,
+            goal_id,
+            TODO_LINES_FORMAT,
+            &mut |todo| {
+                let (json_start, md_start) = (out.json.len(), out.md.len());
+                let (order, role, status) = match todo {
+                    ProjectedTodo::Cached(lines) => {
+                        out.json.extend_from_slice(lines.json.as_bytes());
+                        out.md.push_str(lines.md);
+                        (lines.order, lines.role, lines.status)
                     }
-                    (order, todo.role, todo.status)
-                }
-            };
-            out.rows.push(RenderedTodo {
-                order,
-                role,
-                status,
-                json: json_start..out.json.len(),
-                md: md_start..out.md.len(),
-            });
-            Ok(())
-        })?;
+                    ProjectedTodo::Uncached(todo, order) => {
+                        TodoView::new(todo, now).write_json(&mut out.json);
+                        todo_markdown(&mut out.md, todo, now);
+                        if cache_lines.is_some() && todo.claim.is_none() {
+                            to_cache.push((todo.id.clone(), out.rows.len()));
+                        }
+                        (order, todo.role, todo.status)
+                    }
+                };
+                out.rows.push(RenderedTodo {
+                    order,
+                    role,
+                    status,
+                    json: json_start..out.json.len(),
+                    md: md_start..out.md.len(),
+                });
+                Ok(())
+            },
+        )?;
         for (todo_id, i) in to_cache {
             let Some(cache) = cache_lines else { break };
             let row = &out.rows[i];

@@ -17,12 +17,12 @@ mod sqlite;
 use std::path::Path;
 
 pub(crate) use sqlite::sync_directory;
-pub use sqlite::{DAMAGE_MARKER, damage_marker, mark_damaged};
+pub use sqlite::{damage_marker, mark_damaged};
 
 use crate::error::Result;
 use crate::model::{
-    Evidence, ExtensionRecord, Goal, GoalStatus, LedgerEntry, QuotaPolicy, Reward, Role, Run, Todo,
-    TodoStatus, TurnRecord,
+    ArtifactRecord, Evidence, ExtensionRecord, Goal, GoalStatus, LedgerEntry, QuotaPolicy, Reward,
+    Role, Run, Todo, TodoStatus, TurnRecord,
 };
 
 /// One entry of the operation log: every committed kernel mutation appends exactly one, in the
@@ -35,17 +35,6 @@ pub struct OpRecord {
     pub kind: String,
     pub detail: serde_json::Value,
     pub created_at: i64,
-}
-
-/// The recorded digest of one precompiled component artifact (table `component_artifacts`): the
-/// artifact compiled from the component with `component_sha256` by an engine whose compatibility
-/// fingerprint is `engine_key` must hash to `artifact_sha256`, or it is never deserialized.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub struct ArtifactRecord {
-    pub component_sha256: String,
-    pub engine_key: String,
-    pub artifact_sha256: String,
-    pub recorded_at: i64,
 }
 
 /// Where a todo stands in the listing order of [`StoreRead::todos`] (priority, then creation).

@@ -315,7 +315,7 @@ fn view_key_round_trips_every_role_status_and_order() {
 
 fn visit(tx: &dyn StoreRead, format: i64) -> Vec<(String, Option<String>)> {
     let mut out = Vec::new();
-    crate::store::for_each_projected_todo(tx, "g", format, &mut |t| {
+    crate::kernel::store::for_each_projected_todo(tx, "g", format, &mut |t| {
         out.push(match t {
             ProjectedTodo::Cached(lines) => (lines.json.to_owned(), Some(lines.md.to_owned())),
             ProjectedTodo::Uncached(t, _) => (t.id.clone(), None),

@@ -50,7 +50,7 @@ use crate::model::{
 pub(crate) use connection::sync_directory;
 use connection::*;
 use damage::refuse_if_damaged;
-pub use damage::{DAMAGE_MARKER, damage_marker, mark_damaged};
+pub use damage::{damage_marker, mark_damaged};
 use decode::*;
 use errors::*;
 use tx::*;
