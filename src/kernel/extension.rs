@@ -303,8 +303,7 @@ mod tests {
     /// library API, not only through `loopx extension`, and the refusal writes nothing.
     #[test]
     fn only_an_operator_changes_extensions_through_the_kernel() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut k = Kernel::init(dir.path()).unwrap().unwrap();
+        let (_dir, mut k) = crate::kernel::test_project::empty();
         let not_operators = [
             Actor::Agent {
                 agent_id: "a1".into(),
@@ -387,8 +386,7 @@ mod tests {
     /// the kernel's own transaction as well as by the host's early check.
     #[test]
     fn install_and_upgrade_are_checked_against_the_registry_in_the_transaction() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut k = Kernel::init(dir.path()).unwrap().unwrap();
+        let (_dir, mut k) = crate::kernel::test_project::empty();
         let err = k
             .record_extension_revision(
                 &Actor::Operator,

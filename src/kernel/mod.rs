@@ -334,3 +334,29 @@ const _: () = {
     fn assert_send<T: Send>() {}
     let _ = assert_send::<Kernel>;
 };
+
+/// What the kernel's unit tests share: a fresh project on disk.
+#[cfg(test)]
+pub(crate) mod test_project {
+    use super::{Actor, Kernel};
+    use crate::kernel::goal::NewGoal;
+
+    /// A fresh project in a temporary directory (kept alive by the returned guard).
+    pub(crate) fn empty() -> (tempfile::TempDir, Kernel) {
+        let dir = tempfile::tempdir().unwrap();
+        let kernel = Kernel::init(dir.path()).unwrap().unwrap();
+        (dir, kernel)
+    }
+
+    /// A fresh project with the active goal `g`.
+    pub(crate) fn with_goal_g() -> (tempfile::TempDir, Kernel) {
+        let (dir, mut kernel) = empty();
+        let goal = NewGoal {
+            id: Some("g".into()),
+            title: "Goal".into(),
+            ..NewGoal::default()
+        };
+        kernel.create_goal(&Actor::Operator, goal).unwrap();
+        (dir, kernel)
+    }
+}

@@ -405,22 +405,12 @@ impl Kernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::goal::NewGoal;
 
     /// The kernel holds its own ranges: a library caller cannot turn quota off with a slot of
     /// 1e-300 minutes any more than the CLI can.
     #[test]
     fn policy_values_outside_their_ranges_are_refused_by_the_kernel() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut k = Kernel::init(dir.path()).unwrap().unwrap();
-        let goal = NewGoal {
-            id: Some("g".into()),
-            title: "Goal".into(),
-            objective: None,
-            success_criteria: Vec::new(),
-            project_dir: None,
-        };
-        k.create_goal(&Actor::Operator, goal).unwrap();
+        let (_dir, mut k) = crate::kernel::test_project::with_goal_g();
         let before = k.quota("g", None).unwrap().0;
         let bad = [
             PolicyPatch {

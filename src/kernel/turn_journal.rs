@@ -411,7 +411,6 @@ impl Kernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::goal::NewGoal;
     use crate::kernel::todo::NewTodo;
     use crate::model::TurnResultKind;
 
@@ -425,16 +424,7 @@ mod tests {
 
     /// A project with goal `g` and one ready todo `t1`.
     fn project() -> (tempfile::TempDir, Kernel) {
-        let dir = tempfile::tempdir().unwrap();
-        let mut k = Kernel::init(dir.path()).unwrap().unwrap();
-        let goal = NewGoal {
-            id: Some("g".into()),
-            title: "Goal".into(),
-            objective: None,
-            success_criteria: Vec::new(),
-            project_dir: None,
-        };
-        k.create_goal(&Actor::Operator, goal).unwrap();
+        let (dir, mut k) = crate::kernel::test_project::with_goal_g();
         let mut todo = NewTodo::task("do it");
         todo.id = Some("t1".into());
         k.add_todo(&Actor::Operator, "g", todo).unwrap();
