@@ -596,7 +596,7 @@ fn deleted_artifact_is_recompiled_from_the_verified_component_and_recorded() {
     let key = p.host.cache().engine_key().to_string();
     let record = p
         .kernel
-        .read(|tx| tx.component_artifact(&hostile, &key))
+        .component_artifact(&hostile, &key)
         .unwrap()
         .expect("recorded");
     assert_eq!(
