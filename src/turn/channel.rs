@@ -201,3 +201,56 @@ pub fn call(socket: &Path, argv: Vec<String>) -> Result<ChannelResponse> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn echo(_: &ProjectPaths, who: &TurnIdentity, argv: &[String]) -> ChannelResponse {
+        ChannelResponse {
+            code: 0,
+            stdout: format!("{} {}", who.agent_id, argv.join(" ")),
+            stderr: String::new(),
+        }
+    }
+
+    /// Whatever a process inside the turn sends, the driver answers with a refusal or the
+    /// command's result, keeps serving, and removes its socket when the turn ends.
+    #[test]
+    fn garbage_and_oversized_requests_are_refused_and_the_channel_keeps_serving() {
+        install_handler(echo);
+        let dir = tempfile::tempdir().unwrap();
+        let identity = TurnIdentity {
+            goal_id: "g".into(),
+            agent_id: "a1".into(),
+            turn_key: "turn-x".into(),
+            claim_key: "k".into(),
+            fence: 1,
+        };
+        let server = ChannelServer::start(&ProjectPaths::at(dir.path()), identity)
+            .unwrap()
+            .expect("a handler is installed");
+        let send = |bytes: &[u8]| -> Result<ChannelResponse, String> {
+            let mut conn = UnixStream::connect(server.socket()).unwrap();
+            // The server stops reading at its limit, answers and closes: a sender still writing
+            // then sees its connection reset instead of the answer.
+            let _ = conn.write_all(bytes);
+            let _ = conn.shutdown(std::net::Shutdown::Write);
+            read_message(&mut conn)
+        };
+        let junk = send(b"\x1b]0;pwned\x07 not json").unwrap();
+        assert_eq!(junk.code, 2, "{junk:?}");
+        assert!(junk.stderr.contains("bad request"), "{junk:?}");
+        let unknown = send(br#"{"argv":["status"],"agent":"operator"}"#).unwrap();
+        assert_eq!(unknown.code, 2, "an unknown field is refused: {unknown:?}");
+        if let Ok(huge) = send(&vec![b'a'; (MAX_MESSAGE_BYTES + 10) as usize]) {
+            assert_eq!(huge.code, 2, "{huge:?}");
+        }
+        let ok = call(server.socket(), vec!["status".into()]).unwrap();
+        assert_eq!((ok.code, ok.stdout.as_str()), (0, "a1 status"));
+        let socket = server.socket().to_path_buf();
+        drop(server);
+        assert!(!socket.exists(), "the socket is removed when the turn ends");
+        assert!(call(&socket, vec!["status".into()]).is_err());
+    }
+}
