@@ -65,6 +65,28 @@ pub struct TurnIdentity {
     pub fence: i64,
 }
 
+/// A channel's private directory under `$TMPDIR` is `loopx-agent-<turn key>-<ULID>`.
+const DIR_PREFIX: &str = "loopx-agent-";
+
+/// Removes what a channel of `turn_key` left behind when its driver was killed (a dead socket in
+/// a private directory); recovery calls it when it settles the turn.
+pub fn remove_leftovers(turn_key: &str) {
+    let prefix = format!("{DIR_PREFIX}{turn_key}-");
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(&prefix))
+            && entry.file_type().is_ok_and(|t| t.is_dir())
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Runs one request as `identity` on the project at `paths`.
 pub type ChannelHandler = fn(&ProjectPaths, &TurnIdentity, &[String]) -> ChannelResponse;
 
@@ -92,7 +114,12 @@ impl ChannelServer {
         };
         // A private directory (mode 0700) outside `.loopx/`, so the isolated host can reach the
         // socket and nobody else can create or replace it.
-        let dir = std::env::temp_dir().join(format!("loopx-agent-{}", new_ulid()));
+        let dir = std::env::temp_dir().join(format!(
+            "{}{}-{}",
+            DIR_PREFIX,
+            identity.turn_key,
+            new_ulid()
+        ));
         std::fs::create_dir(&dir)
             .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)))
             .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;

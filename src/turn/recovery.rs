@@ -84,6 +84,7 @@ pub(crate) fn recover_one(kernel: &mut Kernel, turn_key: &str) -> Result<Option<
         if !killed.is_empty() {
             data.orphans_killed = killed;
         }
+        super::channel::remove_leftovers(turn_key);
         let warnings = advance(kernel, &mut rec, &mut data, false)?;
         let mut o = TurnOutcome::from_journal(&rec, &data);
         o.warnings = warnings;

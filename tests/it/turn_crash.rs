@@ -331,4 +331,31 @@ fn sigkill_of_loopx_kills_an_isolated_host_and_its_children_at_once() {
     child.wait().unwrap();
     let left = crate::support::wait_until_gone(p.path(), Duration::from_secs(2));
     assert!(left.is_empty(), "processes outlived the driver: {left:?}");
+    // The dead driver's agent channel (a socket in a private directory) is left behind until
+    // recovery settles the turn, which removes it.
+    let turns = p.json(&["turn", "list", "--goal-id", "g"]);
+    let key = turns["turns"][0]["turn_key"].as_str().unwrap().to_string();
+    let channel_dirs = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(&format!("loopx-agent-{key}-")))
+            })
+            .map(|e| e.path())
+            .collect()
+    };
+    assert_eq!(
+        channel_dirs().len(),
+        1,
+        "the killed driver's channel is still there"
+    );
+    assert_eq!(recover(&p).len(), 1);
+    assert!(
+        channel_dirs().is_empty(),
+        "recovery removed {:?}",
+        channel_dirs()
+    );
 }
