@@ -5,27 +5,36 @@
 //! policy, 2 bad input, 3 not found, 4 conflict (claim, fence, lease), 5 corrupt state, 6 the
 //! machine refused an I/O operation (disk full, read-only filesystem, permission denied). Messages
 //! name the thing and the fix.
+//!
+//! A message is text with typed pieces ([`Message`]): the request fields it names ([`Param`]) and
+//! the actions that fix it ([`NextAction`]). Each front end renders those its own way (the CLI as
+//! `--flags` and `loopx` commands), so the kernel never spells a command line and a caller can
+//! read the remedy as data ([`LoopxError::message`]).
 
+use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use crate::action::NextAction;
 
 /// A failure of a LoopX command, classified by who must act on it.
 #[derive(Debug, thiserror::Error)]
 pub enum LoopxError {
     /// The request is well-formed but policy forbids it (an agent resolving a gate, a paused goal, ...).
     #[error("{0}")]
-    Refused(String),
+    Refused(Message),
     /// The request itself is malformed: a bad id, a missing flag, an out-of-range number.
     #[error("{0}")]
-    BadInput(String),
+    BadInput(Message),
     /// The named goal, todo, run, extension or project does not exist.
     #[error("{0}")]
-    NotFound(String),
+    NotFound(Message),
     /// Another writer holds what was asked for, or the caller's fence/lease is stale.
     #[error("{0}")]
-    Conflict(String),
+    Conflict(Message),
     /// A file or the database is damaged. It is reported and never overwritten.
     #[error("corrupt state at {path}: {detail}")]
-    Corrupt { path: PathBuf, detail: String },
+    Corrupt { path: PathBuf, detail: Message },
     /// The machine refused an I/O operation on `path`: the disk is full, the filesystem is
     /// read-only, permission is denied, or the device failed. Neither the request nor the state is
     /// at fault, so it is neither "refused" nor "corrupt": the operator fixes the machine and
@@ -60,6 +69,25 @@ impl LoopxError {
             // Internal failures share the policy code: the command did not happen.
             LoopxError::Internal { .. } => 1,
         }
+    }
+
+    /// The message of a refusal, bad input, missing thing, conflict or damage, with its typed
+    /// pieces; `None` for I/O and internal failures, whose text is the OS's or the cause's.
+    pub fn message(&self) -> Option<&Message> {
+        match self {
+            LoopxError::Refused(m)
+            | LoopxError::BadInput(m)
+            | LoopxError::NotFound(m)
+            | LoopxError::Conflict(m) => Some(m),
+            LoopxError::Corrupt { detail, .. } => Some(detail),
+            LoopxError::Io { .. } | LoopxError::Internal { .. } => None,
+        }
+    }
+
+    /// The typed failure this error was made from, when a layer above the error type made it
+    /// (the plugin host's `PluginError`): callers downcast it instead of reading the message.
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.message().and_then(|m| m.cause.as_deref())
     }
 
     /// A stable machine-readable name for JSON output.
@@ -147,19 +175,186 @@ fn path_named_in(context: &str) -> PathBuf {
 
 pub type Result<T, E = LoopxError> = std::result::Result<T, E>;
 
-/// Shorthand constructors used throughout the kernel; each takes a complete, actionable sentence.
-pub fn refused(msg: impl Into<String>) -> LoopxError {
+/// Shorthand constructors used throughout the kernel; each takes a complete, actionable sentence
+/// (plain text, or a [`msg!`] with typed pieces).
+pub fn refused(msg: impl Into<Message>) -> LoopxError {
     LoopxError::Refused(msg.into())
 }
-pub fn bad_input(msg: impl Into<String>) -> LoopxError {
+pub fn bad_input(msg: impl Into<Message>) -> LoopxError {
     LoopxError::BadInput(msg.into())
 }
-pub fn not_found(msg: impl Into<String>) -> LoopxError {
+pub fn not_found(msg: impl Into<Message>) -> LoopxError {
     LoopxError::NotFound(msg.into())
 }
-pub fn conflict(msg: impl Into<String>) -> LoopxError {
+pub fn conflict(msg: impl Into<Message>) -> LoopxError {
     LoopxError::Conflict(msg.into())
 }
+
+/// A request field a message names. The CLI renders it as its flag (`ttl_seconds` is
+/// `--ttl-seconds`), a library or HTTP caller reads the field name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Param {
+    AgentId,
+    AllowedSlots,
+    BlocksAgent,
+    ClaimKey,
+    Comment,
+    Compute,
+    EffectId,
+    Fence,
+    GlobalGate,
+    Id,
+    Kind,
+    PerAgentCap,
+    Score,
+    SlotMinutes,
+    Slots,
+    Title,
+    TtlSeconds,
+    WindowHours,
+}
+
+impl Param {
+    pub const ALL: &'static [Param] = &[
+        Param::AgentId,
+        Param::AllowedSlots,
+        Param::BlocksAgent,
+        Param::ClaimKey,
+        Param::Comment,
+        Param::Compute,
+        Param::EffectId,
+        Param::Fence,
+        Param::GlobalGate,
+        Param::Id,
+        Param::Kind,
+        Param::PerAgentCap,
+        Param::Score,
+        Param::SlotMinutes,
+        Param::Slots,
+        Param::Title,
+        Param::TtlSeconds,
+        Param::WindowHours,
+    ];
+
+    /// The field's name (snake case).
+    pub fn name(self) -> &'static str {
+        match self {
+            Param::AgentId => "agent_id",
+            Param::AllowedSlots => "allowed_slots",
+            Param::BlocksAgent => "blocks_agent",
+            Param::ClaimKey => "claim_key",
+            Param::Comment => "comment",
+            Param::Compute => "compute",
+            Param::EffectId => "effect_id",
+            Param::Fence => "fence",
+            Param::GlobalGate => "global_gate",
+            Param::Id => "id",
+            Param::Kind => "kind",
+            Param::PerAgentCap => "per_agent_cap",
+            Param::Score => "score",
+            Param::SlotMinutes => "slot_minutes",
+            Param::Slots => "slots",
+            Param::Title => "title",
+            Param::TtlSeconds => "ttl_seconds",
+            Param::WindowHours => "window_hours",
+        }
+    }
+}
+
+/// One piece of a [`Message`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Text(String),
+    Param(Param),
+    Action(NextAction),
+}
+
+impl From<String> for Part {
+    fn from(text: String) -> Part {
+        Part::Text(text)
+    }
+}
+impl From<&str> for Part {
+    fn from(text: &str) -> Part {
+        Part::Text(text.to_string())
+    }
+}
+impl From<Param> for Part {
+    fn from(param: Param) -> Part {
+        Part::Param(param)
+    }
+}
+impl From<NextAction> for Part {
+    fn from(action: NextAction) -> Part {
+        Part::Action(action)
+    }
+}
+
+/// An error's sentence: text with the fields it names and the actions that fix it as values.
+/// `Display` renders fields by name and actions as operations (`goal.list()`); the CLI renders
+/// them as flags and commands.
+#[derive(Debug, Clone, Default)]
+pub struct Message {
+    parts: Vec<Part>,
+    cause: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl Message {
+    pub fn from_parts(parts: Vec<Part>) -> Message {
+        Message { parts, cause: None }
+    }
+
+    /// Keeps the typed failure the message describes, for [`LoopxError::cause`].
+    pub fn with_cause(mut self, cause: impl std::error::Error + Send + Sync + 'static) -> Message {
+        self.cause = Some(Arc::new(cause));
+        self
+    }
+
+    pub fn parts(&self) -> &[Part] {
+        &self.parts
+    }
+
+    /// The actions the message names, in order.
+    pub fn actions(&self) -> impl Iterator<Item = &NextAction> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Action(a) => Some(a),
+            _ => None,
+        })
+    }
+}
+
+impl From<String> for Message {
+    fn from(text: String) -> Message {
+        Message::from_parts(vec![Part::Text(text)])
+    }
+}
+impl From<&str> for Message {
+    fn from(text: &str) -> Message {
+        Message::from(text.to_string())
+    }
+}
+
+impl fmt::Display for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for part in &self.parts {
+            match part {
+                Part::Text(text) => f.write_str(text)?,
+                Part::Param(param) => f.write_str(param.name())?,
+                Part::Action(action) => write!(f, "`{}`", action.describe())?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A [`Message`] from pieces: text (`&str`, `String`), [`Param`]s and [`NextAction`]s, e.g.
+/// `msg![format!("unknown goal '{id}'; "), NextAction::ListGoals, " shows the goals"]`.
+macro_rules! msg {
+    ($($part:expr),+ $(,)?) => {
+        $crate::error::Message::from_parts(vec![$($crate::error::Part::from($part)),+])
+    };
+}
+pub(crate) use msg;
 
 #[cfg(test)]
 mod tests {

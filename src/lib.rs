@@ -5,6 +5,7 @@
 //! [`registry`] (read-only inspection of the registry projection), [`plugin`] (the WebAssembly host
 //! for capabilities and providers) and [`turn`] (bounded agent turns with crash recovery).
 
+pub mod action;
 pub mod cli;
 pub mod clock;
 pub mod error;

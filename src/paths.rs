@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{LoopxError, Result, not_found};
+use crate::error::{LoopxError, NextAction, Result, msg, not_found};
 
 pub const STATE_DIR: &str = ".loopx";
 pub const DB_FILE: &str = "loopx.db";
@@ -82,12 +82,15 @@ impl ProjectPaths {
         }
         Err(LoopxError::Corrupt {
             path: self.db(),
-            detail: format!(
-                "the project's state directory {} holds project files but its database is \
-                 missing; restore {DB_FILE} (and {DB_FILE}-wal) from a backup, or run `loopx \
-                 init` to start an empty project there",
-                self.state.display()
-            ),
+            detail: msg![
+                format!(
+                    "the project's state directory {} holds project files but its database is \
+                     missing; restore {DB_FILE} (and {DB_FILE}-wal) from a backup, or run ",
+                    self.state.display()
+                ),
+                NextAction::InitProject,
+                " to start an empty project there"
+            ],
         })
     }
 

@@ -116,6 +116,6 @@ fn served(command: &Command) -> Result<()> {
 
 fn not_on_the_channel(_: &Context, _: Command) -> Result<super::output::Output> {
     Err(LoopxError::Refused(
-        "WebAssembly commands are not available inside a turn".to_string(),
+        "WebAssembly commands are not available inside a turn".into(),
     ))
 }

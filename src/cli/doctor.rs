@@ -106,7 +106,8 @@ pub fn run(ctx: &Context, _args: DoctorArgs) -> Result<Output> {
                 "doctor found {} problem(s): {}",
                 failures.len(),
                 failures.join(" | ")
-            ),
+            )
+            .into(),
         });
     }
     Ok(Output::new(json!({

@@ -245,6 +245,7 @@ impl Context {
 
 /// Runs a command that executes WebAssembly (`turn`, `loop`, `extension`, `capability`,
 /// `provider`). The `loopx` binary passes [`exec_wasm_host`]; `loopx-wasm` passes
+            .map(|warnings| warnings.iter().map(next_action::message_text).collect())
 /// [`run_wasm_command`]. Taking it as a parameter keeps the engine out of the kernel binary
 /// entirely: the linker drops code nothing refers to.
 pub type WasmDispatch = fn(&Context, Command) -> Result<Output>;
@@ -408,7 +409,17 @@ fn report_error(err: &LoopxError, format: Format) {
 /// How an error is reported: the JSON envelope for stdout (with `--format json`) and the line
 /// for stderr.
 fn error_text(err: &LoopxError, format: Format) -> (Option<String>, String) {
-    let mut message = err.to_string();
+    let mut message = match err {
+        LoopxError::Corrupt { path, detail } => format!(
+            "corrupt state at {}: {}",
+            path.display(),
+            next_action::message_text(detail)
+        ),
+        _ => match err.message() {
+            Some(m) => next_action::message_text(m),
+            None => err.to_string(),
+        },
+    };
     if let LoopxError::Internal { source, .. } = err {
         for cause in source.chain().skip(1) {
             message.push_str(&format!(": {cause}"));
@@ -418,7 +429,7 @@ fn error_text(err: &LoopxError, format: Format) -> (Option<String>, String) {
         let value = serde_json::json!({
             "schema_version": output::CLI_SCHEMA,
             "ok": false,
-            "error": {"kind": err.kind(), "exit_code": err.exit_code(), "message": message},
+            "error": error,
         });
         let mut text = serde_json::to_string_pretty(&value).expect("error values serialize");
         text.push('\n');
@@ -468,3 +479,13 @@ mod tests {
         );
     }
 }
+        let mut error =
+            serde_json::json!({"kind": err.kind(), "exit_code": err.exit_code(), "message": message});
+        // A sandbox failure says which limit or fault stopped the plugin as a field, so a
+        // script branches on it without reading the message.
+        if let Some(plugin) = err
+            .cause()
+            .and_then(|c| c.downcast_ref::<crate::plugin::error::PluginError>())
+        {
+            error["plugin_failure"] = serde_json::json!(plugin.kind());
+        }

@@ -9,7 +9,8 @@
 
 use serde_json::{Value, json};
 
-use crate::kernel::decision::{Decision, NextAction};
+use crate::error::{Message, NextAction, Param, Part};
+use crate::kernel::decision::Decision;
 
 /// What the agent writes as evidence when it completes a todo; the host replaces it.
 const EVIDENCE_PLACEHOLDER: &str = "<what changed and how it was checked>";
@@ -17,6 +18,10 @@ const EVIDENCE_PLACEHOLDER: &str = "<what changed and how it was checked>";
 const TITLE_PLACEHOLDER: &str = "<the next bounded step toward the objective>";
 /// The operator's decision on a gate.
 const DECISION_PLACEHOLDER: &str = "<decision>";
+/// The directory of an extension's new version (a usage-style word, which a shell passes as is).
+const DIR_PLACEHOLDER: &str = "DIR";
+/// The file a backup is written to.
+const FILE_PLACEHOLDER: &str = "FILE";
 
 /// The command that carries out `action`, as an argv vector (`loopx` first).
 pub fn argv(action: &NextAction) -> Vec<String> {
@@ -107,6 +112,15 @@ pub fn argv(action: &NextAction) -> Vec<String> {
             vec!["quota", "set", "--goal-id", goal_id, "--compute", &share]
         }
         NextAction::ResumeGoal { goal_id } => vec!["goal", "resume", "--goal-id", goal_id],
+        NextAction::RecordRun { goal_id } => vec!["refresh-state", "--goal-id", goal_id],
+        NextAction::Reproject => vec!["refresh-state"],
+        NextAction::ListGates { goal_id } => vec!["gate", "list", "--goal-id", goal_id],
+        NextAction::UpgradeExtension => vec!["extension", "upgrade", DIR_PLACEHOLDER],
+        NextAction::ListGoals => vec!["goal", "list"],
+        NextAction::ShowHistory { goal_id } => vec!["history", "--goal-id", goal_id],
+        NextAction::InitProject => vec!["init"],
+        NextAction::CheckProject => vec!["doctor"],
+        NextAction::BackUp => vec!["backup", FILE_PLACEHOLDER],
     };
     std::iter::once("loopx")
         .chain(words)
@@ -125,6 +139,29 @@ pub fn command_line(action: &NextAction) -> String {
         ),
         _ => shell_join(&argv(action)),
     }
+}
+
+/// A kernel message as the CLI says it: named fields as their flags, actions as the command
+/// lines that carry them out, in backquotes.
+pub fn message_text(message: &Message) -> String {
+    let mut text = String::new();
+    for part in message.parts() {
+        match part {
+            Part::Text(t) => text.push_str(t),
+            Part::Param(param) => text.push_str(&flag(*param)),
+            Part::Action(action) => {
+                text.push('`');
+                text.push_str(&command_line(action));
+                text.push('`');
+            }
+        }
+    }
+    text
+}
+
+/// The flag that sets a request field.
+pub fn flag(param: Param) -> String {
+    format!("--{}", param.name().replace('_', "-"))
 }
 
 /// The `quota should-run` packet: the kernel's decision with the next actions rendered as
@@ -220,7 +257,16 @@ mod tests {
                 goal_id: g.clone(),
                 compute: 1.0,
             },
-            NextAction::ResumeGoal { goal_id: g },
+            NextAction::ResumeGoal { goal_id: g.clone() },
+            NextAction::RecordRun { goal_id: g.clone() },
+            NextAction::Reproject,
+            NextAction::ListGates { goal_id: g.clone() },
+            NextAction::UpgradeExtension,
+            NextAction::ListGoals,
+            NextAction::ShowHistory { goal_id: g },
+            NextAction::InitProject,
+            NextAction::CheckProject,
+            NextAction::BackUp,
         ]
     }
 
@@ -263,6 +309,7 @@ mod tests {
     /// names, with the action's data in the right flags; the line says the same as the argv.
     #[test]
     fn every_rendered_action_parses_as_its_command() {
+        use super::super::extension::ExtensionCommand;
         use super::super::gate::GateCommand;
         use super::super::goal::GoalCommand;
         use super::super::quota::QuotaCommand;
@@ -454,13 +501,139 @@ mod tests {
                     assert_eq!(&g, goal_id);
                     9
                 }
+                NextAction::RecordRun { goal_id } => {
+                    let Command::RefreshState(args) = parsed else {
+                        panic!("{argv:?} parsed as {parsed:?}")
+                    };
+                    assert_eq!(args.goal_id.as_ref(), Some(goal_id));
+                    assert_eq!((args.agent_id, args.todo_id), (None, None));
+                    10
+                }
+                NextAction::Reproject => {
+                    let Command::RefreshState(args) = parsed else {
+                        panic!("{argv:?} parsed as {parsed:?}")
+                    };
+                    assert_eq!(args.goal_id, None);
+                    11
+                }
+                NextAction::ListGates { goal_id } => {
+                    let Command::Gate(Nested {
+                        command: GateCommand::List { goal_id: g },
+                    }) = parsed
+                    else {
+                        panic!("{argv:?} parsed as {parsed:?}")
+                    };
+                    assert_eq!(&g, goal_id);
+                    12
+                }
+                NextAction::UpgradeExtension => {
+                    let Command::Extension(Nested {
+                        command: ExtensionCommand::Upgrade { dir, grants },
+                    }) = parsed
+                    else {
+                        panic!("{argv:?} parsed as {parsed:?}")
+                    };
+                    assert_eq!(dir, std::path::Path::new(DIR_PLACEHOLDER));
+                    assert!(grants.is_empty());
+                    13
+                }
+                NextAction::ListGoals => {
+                    assert!(
+                        matches!(
+                            parsed,
+                            Command::Goal(Nested {
+                                command: GoalCommand::List
+                            })
+                        ),
+                        "{argv:?} parsed as {parsed:?}"
+                    );
+                    14
+                }
+                NextAction::ShowHistory { goal_id } => {
+                    let Command::History(args) = parsed else {
+                        panic!("{argv:?} parsed as {parsed:?}")
+                    };
+                    assert_eq!((&args.goal_id, args.before), (goal_id, None));
+                    15
+                }
+                NextAction::InitProject => {
+                    let Command::Init(args) = parsed else {
+                        panic!("{argv:?} parsed as {parsed:?}")
+                    };
+                    assert_eq!(args.dir, None);
+                    16
+                }
+                NextAction::CheckProject => {
+                    assert!(
+                        matches!(parsed, Command::Doctor(_)),
+                        "{argv:?} parsed as {parsed:?}"
+                    );
+                    17
+                }
+                NextAction::BackUp => {
+                    let Command::Backup(args) = parsed else {
+                        panic!("{argv:?} parsed as {parsed:?}")
+                    };
+                    assert_eq!(args.path, std::path::Path::new(FILE_PLACEHOLDER));
+                    18
+                }
             };
             covered.insert(variant);
         }
         assert_eq!(
             covered.len(),
-            10,
+            19,
             "every_action() holds one value of each variant"
+        );
+    }
+
+    /// Every field a kernel message can name renders as a flag some command takes.
+    #[test]
+    fn every_named_field_is_a_real_flag() {
+        use clap::CommandFactory;
+
+        fn collect(cmd: &clap::Command, flags: &mut std::collections::BTreeSet<String>) {
+            flags.extend(
+                cmd.get_arguments()
+                    .filter_map(|a| a.get_long().map(str::to_string)),
+            );
+            for sub in cmd.get_subcommands() {
+                collect(sub, flags);
+            }
+        }
+        let mut cli = Cli::command();
+        cli.build();
+        let mut flags = std::collections::BTreeSet::new();
+        collect(&cli, &mut flags);
+        for param in Param::ALL {
+            let flag = flag(*param);
+            assert!(
+                flags.contains(flag.trim_start_matches("--")),
+                "{param:?} renders as {flag}, which no command takes"
+            );
+        }
+    }
+
+    /// A message renders its fields as flags and its actions as commands; `Display` (what a
+    /// library caller reads) names neither a flag nor a `loopx` command.
+    #[test]
+    fn a_message_speaks_cli_only_through_the_cli() {
+        let message = crate::error::msg![
+            "pass ",
+            Param::TtlSeconds,
+            "; ",
+            NextAction::ListTodos {
+                goal_id: "g".into()
+            },
+            " shows them"
+        ];
+        assert_eq!(
+            message_text(&message),
+            "pass --ttl-seconds; `loopx todo list --goal-id g` shows them"
+        );
+        assert_eq!(
+            message.to_string(),
+            "pass ttl_seconds; `todo.list(goal_id=g)` shows them"
         );
     }
 
@@ -481,6 +654,15 @@ mod tests {
                 "loopx todo list --goal-id goal-1",
                 "loopx quota set --goal-id goal-1 --compute 1",
                 "loopx goal resume --goal-id goal-1",
+                "loopx refresh-state --goal-id goal-1",
+                "loopx refresh-state",
+                "loopx gate list --goal-id goal-1",
+                "loopx extension upgrade DIR",
+                "loopx goal list",
+                "loopx history --goal-id goal-1",
+                "loopx init",
+                "loopx doctor",
+                "loopx backup FILE",
             ]
         );
     }

@@ -11,7 +11,7 @@ use serde_json::json;
 use super::todo::authorize_write;
 use super::{Actor, Kernel, LeaseProof, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
-use crate::error::{Result, bad_input, conflict, not_found, refused};
+use crate::error::{NextAction, Param, Result, bad_input, conflict, msg, not_found, refused};
 use crate::ids::{new_ulid, validate_token};
 use crate::kernel::store::StoreTx;
 use crate::model::{Claim, GoalStatus, Role, Todo, TodoStatus};
@@ -42,9 +42,10 @@ pub struct ClaimGrant {
 
 fn check_ttl(ttl: u64) -> Result<()> {
     if ttl == 0 || ttl > MAX_TTL_SECONDS {
-        return Err(bad_input(format!(
-            "--ttl-seconds {ttl} is out of range: use 1..={MAX_TTL_SECONDS}"
-        )));
+        return Err(bad_input(msg![
+            Param::TtlSeconds,
+            format!(" {ttl} is out of range: use 1..={MAX_TTL_SECONDS}")
+        ]));
     }
     Ok(())
 }
@@ -56,11 +57,17 @@ pub(crate) fn check_not_gated(tx: &dyn StoreTx, goal_id: &str, agent_id: &str) -
         .into_iter()
         .find(|g| g.gate_blocks(agent_id))
     {
-        return Err(refused(format!(
-            "gate '{}' (\"{}\") blocks agent '{agent_id}' on goal '{goal_id}'; an operator must resolve it with \
-             `loopx gate resolve --goal-id {goal_id} --todo-id {}`",
-            gate.id, gate.title, gate.id
-        )));
+        return Err(refused(msg![
+            format!(
+                "gate '{}' (\"{}\") blocks agent '{agent_id}' on goal '{goal_id}'; an operator \
+                 must resolve it with ",
+                gate.id, gate.title
+            ),
+            NextAction::ResolveGate {
+                goal_id: goal_id.to_string(),
+                todo_id: gate.id.clone(),
+            }
+        ]));
     }
     Ok(())
 }
@@ -180,10 +187,16 @@ pub(crate) fn claim_in_tx(tx: &dyn StoreTx, req: &ClaimRequest, now: i64) -> Res
     }
     let goal = require_goal(tx, &req.goal_id)?;
     if goal.status != GoalStatus::Active {
-        return Err(refused(format!(
-            "goal '{}' is {}; only active goals hand out work (`loopx goal resume --goal-id {}`)",
-            goal.id, goal.status, goal.id
-        )));
+        return Err(refused(msg![
+            format!(
+                "goal '{}' is {}; only active goals hand out work (",
+                goal.id, goal.status
+            ),
+            NextAction::ResumeGoal {
+                goal_id: goal.id.clone()
+            },
+            ")"
+        ]));
     }
     check_not_gated(tx, &req.goal_id, &req.agent_id)?;
     match &req.todo_id {
@@ -211,11 +224,17 @@ pub(crate) fn claim_in_tx(tx: &dyn StoreTx, req: &ClaimRequest, now: i64) -> Res
                 }
             }
             let Some(todo) = tx.ready_todos(&req.goal_id, now, 1)?.pop() else {
-                return Err(not_found(format!(
-                    "no ready todo in goal '{}' for agent '{}': every open todo is claimed, waiting on a \
-                     dependency, or done (`loopx todo list --goal-id {}`)",
-                    req.goal_id, req.agent_id, req.goal_id
-                )));
+                return Err(not_found(msg![
+                    format!(
+                        "no ready todo in goal '{}' for agent '{}': every open todo is claimed, \
+                         waiting on a dependency, or done (",
+                        req.goal_id, req.agent_id
+                    ),
+                    NextAction::ListTodos {
+                        goal_id: req.goal_id.clone()
+                    },
+                    ")"
+                ]));
             };
             let key = req.idempotency_key.clone().unwrap_or_else(new_ulid);
             grant(tx, todo, req, key, now)
@@ -274,9 +293,15 @@ impl Kernel {
     ) -> Result<ClaimGrant> {
         check_ttl(ttl_seconds)?;
         let Actor::Agent { .. } = actor else {
-            return Err(bad_input(
-                "renew needs the holder: pass --agent-id and --fence (or --claim-key)",
-            ));
+            return Err(bad_input(msg![
+                "renew needs the holder: pass ",
+                Param::AgentId,
+                " and ",
+                Param::Fence,
+                " (or ",
+                Param::ClaimKey,
+                ")"
+            ]));
         };
         self.write(|tx| {
             require_goal(tx, goal_id)?;
@@ -312,9 +337,12 @@ impl Kernel {
     /// Gives a claimed todo back (status `open`). The holder with its proof, or an operator.
     pub fn release(&mut self, actor: &Actor, goal_id: &str, todo_id: &str) -> Result<Todo> {
         if let Actor::Agent { proof: None, .. } = actor {
-            return Err(bad_input(
-                "release needs the holder's proof: pass --fence or --claim-key",
-            ));
+            return Err(bad_input(msg![
+                "release needs the holder's proof: pass ",
+                Param::Fence,
+                " or ",
+                Param::ClaimKey
+            ]));
         }
         self.write(|tx| release_in_tx(tx, actor, goal_id, todo_id, now_ms()))
     }

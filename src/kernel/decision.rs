@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::quota::{QuotaState, QuotaView, view_in_tx};
 use super::{Kernel, require_goal};
+pub use crate::action::NextAction;
 use crate::clock::{now_ms, rfc3339};
 use crate::error::Result;
 use crate::ids::validate_token;
@@ -70,50 +71,6 @@ wire_enum!(
         Blocked => "blocked",
     }
 );
-
-/// Something an agent or an operator can do next to move a decision on, with the data it needs.
-///
-/// A closed set: the kernel names the action and fills in the ids and keys; how it is carried out
-/// is the front end's business (the CLI renders each as one `loopx` command line, an HTTP view
-/// could render a form or a link). Text the actor must supply (evidence, a title, a decision) is
-/// not part of the action.
-#[derive(Debug, Clone, PartialEq)]
-pub enum NextAction {
-    /// Lease `todo_id` under a claim key chosen so that a retried claim replays the same lease.
-    ClaimTodo {
-        goal_id: String,
-        todo_id: String,
-        agent_id: String,
-        idempotency_key: String,
-    },
-    /// Complete the leased todo with evidence of what changed and how it was checked.
-    CompleteTodo {
-        goal_id: String,
-        todo_id: String,
-        agent_id: String,
-        claim_key: String,
-    },
-    /// Record the run and rewrite the goal's projections.
-    RefreshState {
-        goal_id: String,
-        agent_id: String,
-        todo_id: String,
-    },
-    /// Spend the turn's compute slot, once, after the work is written back.
-    SpendSlot { goal_id: String, agent_id: String },
-    /// Add the next bounded step toward the goal's objective (the agent replans).
-    AddTodo { goal_id: String, agent_id: String },
-    /// An operator resolves a gate with a decision.
-    ResolveGate { goal_id: String, todo_id: String },
-    /// An operator looks at the installed extensions (to install or enable a missing one).
-    ListExtensions,
-    /// An operator looks at a goal's todos (to see which are bound to missing capabilities).
-    ListTodos { goal_id: String },
-    /// An operator gives the goal compute again.
-    SetCompute { goal_id: String, compute: f64 },
-    /// An operator resumes a paused goal.
-    ResumeGoal { goal_id: String },
-}
 
 /// Why a todo was selected.
 #[derive(Debug, Clone, Serialize)]

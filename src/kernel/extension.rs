@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::{Actor, Kernel, log_op};
-use crate::error::{LoopxError, Result, not_found, refused};
+use crate::error::{LoopxError, NextAction, Result, msg, not_found, refused};
 use crate::model::ArtifactRecord;
 use crate::model::ExtensionRecord;
 
@@ -57,9 +57,11 @@ pub struct ExtensionRevision {
 }
 
 fn ext_not_found(id: &str) -> LoopxError {
-    not_found(format!(
-        "extension '{id}' is not installed; `loopx extension list` shows what is"
-    ))
+    not_found(msg![
+        format!("extension '{id}' is not installed; "),
+        NextAction::ListExtensions,
+        " shows what is"
+    ])
 }
 
 impl Kernel {
@@ -123,10 +125,13 @@ impl Kernel {
         self.write(|tx| {
             match (change, tx.extension(&record.id)?) {
                 (ExtensionChange::Install, Some(rec)) => {
-                    return Err(crate::error::conflict(format!(
-                        "extension '{}' is already installed (version {}, revision {}); use `loopx extension upgrade`",
-                        rec.id, rec.version, rec.revision
-                    )));
+                    return Err(crate::error::conflict(msg![
+                        format!(
+                            "extension '{}' is already installed (version {}, revision {}); use ",
+                            rec.id, rec.version, rec.revision
+                        ),
+                        NextAction::UpgradeExtension
+                    ]));
                 }
                 (ExtensionChange::Upgrade, None) => return Err(ext_not_found(&record.id)),
                 _ => {}
@@ -225,7 +230,8 @@ impl Kernel {
                     detail: format!(
                         "revision {} of '{id}' has no installed files",
                         previous.revision
-                    ),
+                    )
+                    .into(),
                 });
             }
             tx.set_extension_active(id, Some(previous.revision), active.enabled)?;

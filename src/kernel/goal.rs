@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
-use crate::error::{Result, bad_input, conflict};
+use crate::error::{Param, Result, bad_input, conflict, msg};
 use crate::ids::{slug, validate_token};
 use crate::model::{Goal, GoalStatus};
 
@@ -31,9 +31,11 @@ impl Kernel {
     pub fn create_goal(&mut self, actor: &Actor, new: NewGoal) -> Result<Goal> {
         let title = new.title.trim().to_string();
         if title.is_empty() {
-            return Err(bad_input(
-                "goal title is empty; pass --title \"what the goal should achieve\"",
-            ));
+            return Err(bad_input(msg![
+                "goal title is empty; pass ",
+                Param::Title,
+                " \"what the goal should achieve\""
+            ]));
         }
         if title.len() > MAX_TITLE {
             return Err(bad_input(format!(
@@ -48,9 +50,10 @@ impl Kernel {
             let id = match new.id {
                 Some(id) => {
                     if tx.goal(&id)?.is_some() {
-                        return Err(conflict(format!(
-                            "goal '{id}' already exists; pick another --id"
-                        )));
+                        return Err(conflict(msg![
+                            format!("goal '{id}' already exists; pick another "),
+                            Param::Id
+                        ]));
                     }
                     id
                 }

@@ -25,7 +25,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::now_ms;
-use crate::error::{LoopxError, Result, refused};
+use crate::error::{LoopxError, Message, NextAction, Part, Result, msg, refused};
 use crate::ids::new_ulid;
 use crate::kernel::store::{Backend, OpRecord, Store, StoreRead, StoreTx};
 use crate::paths::ProjectPaths;
@@ -103,7 +103,7 @@ pub struct Kernel {
     paths: ProjectPaths,
     store: Box<dyn Store>,
     /// Failures after a commit (see [`Kernel::after_commit`]), for the CLI to print.
-    warnings: Vec<String>,
+    warnings: Vec<Message>,
 }
 
 impl Kernel {
@@ -120,10 +120,13 @@ impl Kernel {
             Ok(_) => {
                 return Err(LoopxError::Corrupt {
                     path: db,
-                    detail: "the database file is empty (0 bytes); `init` does not write over it. \
-                             Restore loopx.db and loopx.db-wal from a backup, or move .loopx aside \
-                             and run `loopx init` again to start an empty project"
-                        .to_string(),
+                    detail: msg![
+                        "the database file is empty (0 bytes); init does not write over it. \
+                         Restore loopx.db and loopx.db-wal from a backup, or move .loopx aside \
+                         and run ",
+                        NextAction::InitProject,
+                        " again to start an empty project"
+                    ],
                 });
             }
             Err(_) => {}
@@ -133,12 +136,16 @@ impl Kernel {
         if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
             return Err(LoopxError::Corrupt {
                 path: db,
-                detail: format!(
-                    "the database is missing but its write-ahead log {} is not: committed work \
-                     may live only there. Restore loopx.db beside it, or move .loopx aside and run \
-                     `loopx init` again to start an empty project",
-                    std::path::Path::new(&wal).display()
-                ),
+                detail: msg![
+                    format!(
+                        "the database is missing but its write-ahead log {} is not: committed \
+                         work may live only there. Restore loopx.db beside it, or move .loopx \
+                         aside and run ",
+                        std::path::Path::new(&wal).display()
+                    ),
+                    NextAction::InitProject,
+                    " again to start an empty project"
+                ],
             });
         }
         std::fs::create_dir_all(paths.goals_dir()).map_err(|e| {
@@ -198,18 +205,29 @@ impl Kernel {
     /// succeeds").
     pub(crate) fn after_commit(&mut self, what: &str, result: Result<()>) {
         if let Err(e) = result {
-            self.warnings.push(format!(
-                "the command committed, but {what} failed: {e} (exit code {}, {}). Nothing needs \
-                 retrying; fix the cause, then run `loopx refresh-state` (no goal) to re-create \
-                 the projections",
-                e.exit_code(),
-                e.kind()
-            ));
+            // The failure's own message keeps its typed pieces, so the front end renders them.
+            let mut parts = vec![Part::from(format!(
+                "the command committed, but {what} failed: "
+            ))];
+            match e.message() {
+                Some(m) => parts.extend(m.parts().iter().cloned()),
+                None => parts.push(Part::from(e.to_string())),
+            }
+            parts.extend([
+                Part::from(format!(
+                    " (exit code {}, {}). Nothing needs retrying; fix the cause, then run ",
+                    e.exit_code(),
+                    e.kind()
+                )),
+                Part::from(NextAction::Reproject),
+                Part::from(" (no goal) to re-create the projections"),
+            ]);
+            self.warnings.push(Message::from_parts(parts));
         }
     }
 
     /// The warnings collected since the last call (see [`Kernel::after_commit`]).
-    pub fn take_warnings(&mut self) -> Vec<String> {
+    pub fn take_warnings(&mut self) -> Vec<Message> {
         std::mem::take(&mut self.warnings)
     }
 
@@ -308,9 +326,11 @@ pub(crate) fn log_op(
 pub(crate) fn require_goal(tx: &dyn StoreRead, goal_id: &str) -> Result<crate::model::Goal> {
     crate::ids::validate_token("goal id", goal_id)?;
     tx.goal(goal_id)?.ok_or_else(|| {
-        crate::error::not_found(format!(
-            "unknown goal '{goal_id}'; `loopx goal list` shows the goals of this project"
-        ))
+        crate::error::not_found(msg![
+            format!("unknown goal '{goal_id}'; "),
+            NextAction::ListGoals,
+            " shows the goals of this project"
+        ])
     })
 }
 
@@ -322,9 +342,13 @@ pub(crate) fn require_todo(
 ) -> Result<crate::model::Todo> {
     crate::ids::validate_token("todo id", todo_id)?;
     tx.todo(goal_id, todo_id)?.ok_or_else(|| {
-        crate::error::not_found(format!(
-            "unknown todo '{todo_id}' in goal '{goal_id}'; `loopx todo list --goal-id {goal_id}` shows its todos"
-        ))
+        crate::error::not_found(msg![
+            format!("unknown todo '{todo_id}' in goal '{goal_id}'; "),
+            NextAction::ListTodos {
+                goal_id: goal_id.to_string()
+            },
+            " shows its todos"
+        ])
     })
 }
 

@@ -16,7 +16,7 @@
 
 use std::path::PathBuf;
 
-use crate::error::LoopxError;
+use crate::error::{LoopxError, Message};
 
 /// Result type of the plugin host.
 pub type PluginResult<T> = std::result::Result<T, PluginError>;
@@ -205,18 +205,25 @@ impl PluginError {
     }
 }
 
+/// The `PluginError` travels along as the error's cause ([`LoopxError::cause`]), so a caller
+/// (the CLI's JSON error, a test) reads the failure's kind as a value.
 impl From<PluginError> for LoopxError {
     fn from(e: PluginError) -> LoopxError {
-        let msg = e.to_string();
+        let text = e.to_string();
         match e {
+            PluginError::Host { .. } => LoopxError::internal("plugin host", anyhow::anyhow!(text)),
+            PluginError::Tampered { ref path, .. } => LoopxError::Corrupt {
+                path: path.clone(),
+                detail: Message::from(text).with_cause(e),
+            },
             PluginError::Manifest { .. }
             | PluginError::BadRequest { .. }
             | PluginError::ApiVersion { .. }
-            | PluginError::InputTooLarge { .. } => LoopxError::BadInput(msg),
-            PluginError::NotFound { .. } => LoopxError::NotFound(msg),
-            PluginError::Tampered { path, .. } => LoopxError::Corrupt { path, detail: msg },
-            PluginError::Host { .. } => LoopxError::internal("plugin host", anyhow::anyhow!(msg)),
-            _ => LoopxError::Refused(msg),
+            | PluginError::InputTooLarge { .. } => {
+                LoopxError::BadInput(Message::from(text).with_cause(e))
+            }
+            PluginError::NotFound { .. } => LoopxError::NotFound(Message::from(text).with_cause(e)),
+            _ => LoopxError::Refused(Message::from(text).with_cause(e)),
         }
     }
 }

@@ -213,7 +213,7 @@ fn write_message<T: Serialize>(conn: &mut UnixStream, value: &T) -> std::io::Res
 /// The client side: sends `argv` to the channel at `socket` and returns the response.
 pub fn call(socket: &Path, argv: Vec<String>) -> Result<ChannelResponse> {
     let unreachable = |e: std::io::Error| {
-        LoopxError::Refused(format!(
+        crate::error::refused(format!(
             "the agent channel at {} is not answering ({e}): {SOCKET_ENV} is set only for \
              processes of a running turn, and the channel closes when the turn's host exits",
             socket.display()

@@ -108,7 +108,7 @@ pub struct JournalData {
 pub(crate) fn journal_data(rec: &TurnRecord) -> Result<JournalData> {
     serde_json::from_value(rec.data.clone()).map_err(|e| LoopxError::Corrupt {
         path: PathBuf::from(format!("turns/{}", rec.turn_key)),
-        detail: format!("journal data does not parse: {e}"),
+        detail: format!("journal data does not parse: {e}").into(),
     })
 }
 

@@ -7,7 +7,7 @@ use std::io::{BufWriter, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::error::{LoopxError, Result};
+use crate::error::{LoopxError, NextAction, Result, msg};
 
 /// Fails with exit 5 when `path` exists, is not empty, and is not valid JSON.
 pub fn check_json_projection(path: &Path) -> Result<()> {
@@ -15,10 +15,11 @@ pub fn check_json_projection(path: &Path) -> Result<()> {
         Ok(bytes) if bytes.is_empty() => Ok(()),
         Ok(bytes) => serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).map(|_| ()).map_err(|e| LoopxError::Corrupt {
             path: path.to_path_buf(),
-            detail: format!(
-                "projection does not parse ({e}); it was left untouched. Move it aside and run `loopx refresh-state` \
-                 to re-create it from the database"
-            ),
+            detail: msg![
+                format!("projection does not parse ({e}); it was left untouched. Move it aside and run "),
+                NextAction::Reproject,
+                " to re-create it from the database"
+            ],
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(LoopxError::internal(format!("reading {}", path.display()), e)),
@@ -182,7 +183,7 @@ pub(super) fn replace(tmp: &Path, path: &Path) -> std::io::Result<()> {
 /// non-empty one, and goes through a temp file so a reader never sees half a report.
 pub(super) fn write_once(path: &Path, bytes: &[u8]) -> Result<()> {
     if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
-        return Err(LoopxError::Conflict(format!(
+        return Err(crate::error::conflict(format!(
             "run report {} already exists; run reports are immutable",
             path.display()
         )));

@@ -89,12 +89,16 @@ impl SqliteStore {
                 Err(e) => return Err(map_err(tmp, "checking the backup", e)),
             };
         if !problems.is_empty() {
-            let detail = format!(
-                "the backup copy fails PRAGMA integrity_check ({}), so this database is damaged; \
-                 no backup was written. Run `loopx doctor`, and restore from an earlier backup",
-                problems.join("; ")
-            );
-            mark_damaged(&self.path, &detail);
+            let detail = msg![
+                format!(
+                    "the backup copy fails PRAGMA integrity_check ({}), so this database is \
+                     damaged; no backup was written. Run ",
+                    problems.join("; ")
+                ),
+                NextAction::CheckProject,
+                ", and restore from an earlier backup"
+            ];
+            mark_damaged(&self.path, &detail.to_string());
             return Err(LoopxError::Corrupt {
                 path: self.path.clone(),
                 detail,

@@ -48,14 +48,15 @@ impl SqliteStore {
                     path: path.to_path_buf(),
                     detail:
                         "not a regular file; move it aside and restore the database from a backup"
-                            .to_string(),
+                            .into(),
                 });
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(crate::error::not_found(format!(
-                    "no LoopX database at {}; run `loopx init` in the project first",
-                    path.display()
-                )));
+                return Err(crate::error::not_found(msg![
+                    format!("no LoopX database at {}; run ", path.display()),
+                    NextAction::InitProject,
+                    " in the project first"
+                ]));
             }
             Err(e) => {
                 return Err(LoopxError::io(
@@ -68,10 +69,12 @@ impl SqliteStore {
         if len == 0 {
             return Err(LoopxError::Corrupt {
                 path: path.to_path_buf(),
-                detail: "the database file is empty (0 bytes), so the project's state is gone; \
-                         restore loopx.db and loopx.db-wal from a backup. It is never re-created \
-                         in place: to start over, move .loopx aside and run `loopx init`"
-                    .to_string(),
+                detail: msg![
+                    "the database file is empty (0 bytes), so the project's state is gone; \
+                     restore loopx.db and loopx.db-wal from a backup. It is never re-created in \
+                     place: to start over, move .loopx aside and run ",
+                    NextAction::InitProject
+                ],
             });
         }
         let wal = wal_path(path);
@@ -203,7 +206,8 @@ impl SqliteStore {
                 path,
                 detail: format!(
                     "schema version {current} is newer than this loopx supports ({latest}); upgrade loopx"
-                ),
+                )
+                .into(),
             });
         }
         if current == latest {

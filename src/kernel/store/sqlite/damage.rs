@@ -48,12 +48,17 @@ pub(super) fn refuse_if_damaged(db: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         _ => Err(LoopxError::Corrupt {
             path: db.to_path_buf(),
-            detail: format!(
-                "writes are refused: damage was found in this database ({} exists; it says what \
-                 and when). Restore the database from a backup (`loopx backup` makes one), then \
-                 run `loopx doctor`, which removes the marker once the database checks healthy",
-                marker.display()
-            ),
+            detail: msg![
+                format!(
+                    "writes are refused: damage was found in this database ({} exists; it says \
+                     what and when). Restore the database from a backup (",
+                    marker.display()
+                ),
+                NextAction::BackUp,
+                " makes one), then run ",
+                NextAction::CheckProject,
+                ", which removes the marker once the database checks healthy"
+            ],
         }),
     }
 }

@@ -21,12 +21,15 @@ pub(super) fn map_err_errno(
     if let rusqlite::Error::SqliteFailure(e, _) = &err {
         match e.code {
             ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
-                let detail = format!(
-                    "{err} (while {context}); restore it from a backup or move it aside and run `loopx init`"
-                );
+                let detail = msg![
+                    format!(
+                        "{err} (while {context}); restore it from a backup or move it aside and run "
+                    ),
+                    NextAction::InitProject
+                ];
                 // SQLite found a damaged page: mark the project so that writes refuse instead
                 // of building on the damage (`SqliteStore::begin_write`); `doctor` clears it.
-                mark_damaged(path, &detail);
+                mark_damaged(path, &detail.to_string());
                 return LoopxError::Corrupt {
                     path: path.to_path_buf(),
                     detail,
@@ -78,9 +81,11 @@ pub(super) fn map_err_errno(
         // may still settle or replace it); `doctor` lists every such row.
         return LoopxError::Corrupt {
             path: path.to_path_buf(),
-            detail: format!(
-                "{detail} (while {context}); run `loopx doctor` for every damaged row, then restore from a backup"
-            ),
+            detail: msg![
+                format!("{detail} (while {context}); run "),
+                NextAction::CheckProject,
+                " for every damaged row, then restore from a backup"
+            ],
         };
     }
     LoopxError::internal(format!("{context} in {}", path.display()), err)

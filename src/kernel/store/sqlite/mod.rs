@@ -40,7 +40,7 @@ use super::{
     ArtifactRecord, OpRecord, ProjectedTodo, ProjectionCache, ProjectionCacheTx, Store, StoreRead,
     StoreTx, TodoLines, TodoOrder,
 };
-use crate::error::{LoopxError, Result, conflict};
+use crate::error::{LoopxError, NextAction, Result, conflict, msg};
 use crate::model::{
     Claim, Evidence, ExtensionRecord, GateScope, Goal, GoalStatus, JournalStatus, LedgerEntry,
     LedgerKind, Phase, Priority, QuotaPolicy, Reward, Role, Run, Todo, TodoKind, TodoStatus,
