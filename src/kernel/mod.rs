@@ -19,6 +19,7 @@ mod store;
 pub mod todo;
 pub mod transition;
 pub mod turn_journal;
+pub mod watch;
 
 use std::path::Path;
 

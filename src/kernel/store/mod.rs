@@ -111,6 +111,14 @@ pub trait Store: Send {
     /// Writes a consistent copy of the whole store to `dest`, never replacing an existing file;
     /// returns the number of pages (or the backend's unit) copied.
     fn backup_to(&self, dest: &Path) -> Result<u64>;
+    /// A number that changes when another handle may have committed since it was last read on
+    /// this one (a read leaves it alone; a checkpoint may move it): the change watcher's
+    /// (`kernel::watch`) cheap first check after a file event. Read outside any transaction.
+    fn data_version(&self) -> Result<i64>;
+    /// The position of the newest operation-log row, which moves with every committed kernel
+    /// mutation (each appends one row) and with nothing else: what the change watcher confirms a
+    /// commit with. Read outside any transaction.
+    fn op_log_position(&self) -> Result<i64>;
 }
 
 /// Queries inside one transaction, read snapshot or write. Has no method that writes.

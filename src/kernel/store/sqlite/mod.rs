@@ -23,6 +23,7 @@ mod runs;
 mod todos;
 mod turns;
 mod tx;
+mod watch;
 
 #[cfg(test)]
 mod tests;
@@ -92,5 +93,13 @@ impl Store for SqliteStore {
 
     fn backup_to(&self, dest: &Path) -> Result<u64> {
         SqliteStore::backup_to(self, dest)
+    }
+
+    fn data_version(&self) -> Result<i64> {
+        SqliteStore::data_version(self)
+    }
+
+    fn op_log_position(&self) -> Result<i64> {
+        SqliteStore::op_log_position(self)
     }
 }

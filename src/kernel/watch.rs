@@ -1,0 +1,352 @@
+//! Noticing that another process committed, without re-reading state on a timer.
+//!
+//! Long-lived readers (the dashboard's event stream, `status --watch`) must redraw when any
+//! process commits, and cost nothing while none does. A commit always writes the database's
+//! write-ahead log (or, after a checkpoint, the database file), so on Linux the watcher sleeps on
+//! an inotify descriptor watching `.loopx/` and wakes when one of those two files is written.
+//! A file event is only a hint: checkpoints, projections renamed into `.loopx/` and the writer's
+//! own WAL frames before its commit record is published also write there. Two numbers of the
+//! store decide: its change counter ([`Store::data_version`], SQLite's `PRAGMA data_version`,
+//! one look at the WAL index) never moves on a read, so an unmoved counter ends the check; it can
+//! move on another connection's checkpoint, so a moved one is confirmed by the operation log's
+//! position ([`Store::op_log_position`]), which moves with every committed kernel mutation and
+//! nothing else.
+//!
+//! SQLite writes a commit's frames to the WAL before it publishes the commit in the WAL index
+//! (shared memory, which no file event reports), so the numbers may not have moved yet when the
+//! event arrives. After any event the watcher therefore re-reads the counter a few times, 2 ms
+//! apart and doubling up to 50 ms, for [`SETTLE`] (longer than any fsync the commit waits for),
+//! then sleeps on the descriptor again. Other systems have no inotify here; there the watcher
+//! reads the counter every 50 ms, which costs one shared-memory read per poll.
+
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::kernel::store::{Backend, Store};
+use crate::paths::ProjectPaths;
+
+/// How long after a file event the watcher keeps re-reading the change counter.
+const SETTLE: Duration = Duration::from_secs(2);
+/// The first and the longest pause between re-reads after an event (and the poll interval where
+/// there is no inotify).
+const FIRST_RECHECK: Duration = Duration::from_millis(2);
+const MAX_RECHECK: Duration = Duration::from_millis(50);
+
+/// Wakes when another process (or another handle in this one) commits to the project's store.
+pub struct ChangeWatcher {
+    store: Box<dyn Store>,
+    version: i64,
+    position: i64,
+    #[cfg(target_os = "linux")]
+    events: inotify::Events,
+}
+
+impl ChangeWatcher {
+    /// Starts watching the project at `paths`. Commits after this call are reported by the next
+    /// [`ChangeWatcher::wait`].
+    pub fn new(paths: &ProjectPaths) -> Result<ChangeWatcher> {
+        // The descriptor exists before the counter's first reading, so a commit between the two
+        // is seen either by the reading or as an event.
+        #[cfg(target_os = "linux")]
+        let events = inotify::Events::watch(&paths.state)?;
+        let store = crate::kernel::store::open(Backend::default(), &paths.db())?;
+        let version = store.data_version()?;
+        let position = store.op_log_position()?;
+        Ok(ChangeWatcher {
+            store,
+            version,
+            position,
+            #[cfg(target_os = "linux")]
+            events,
+        })
+    }
+
+    /// Blocks until a commit has happened since the previous call (or since [`ChangeWatcher::new`])
+    /// and returns true, or returns false once `timeout` (`None`: no limit) has passed without
+    /// one. Several commits since the last call are reported once.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<bool> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut settle_until: Option<Instant> = None;
+        let mut recheck = FIRST_RECHECK;
+        loop {
+            if self.committed()? {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(false);
+            }
+            let mut block = deadline.map(|d| d - now);
+            if settle_until.is_some_and(|s| now < s) {
+                block = Some(block.map_or(recheck, |b| b.min(recheck)));
+                recheck = (recheck * 2).min(MAX_RECHECK);
+            } else {
+                settle_until = None;
+            }
+            if self.sleep(block)? {
+                settle_until = Some(Instant::now() + SETTLE);
+                recheck = FIRST_RECHECK;
+            }
+        }
+    }
+
+    /// Whether a commit happened since the last check (and remembers where the store is now).
+    fn committed(&mut self) -> Result<bool> {
+        let version = self.store.data_version()?;
+        if version == self.version {
+            return Ok(false);
+        }
+        self.version = version;
+        let position = self.store.op_log_position()?;
+        let moved = position != self.position;
+        self.position = position;
+        Ok(moved)
+    }
+
+    /// Sleeps until a file event on the database or its WAL (true) or `block` passes (false).
+    #[cfg(target_os = "linux")]
+    fn sleep(&mut self, block: Option<Duration>) -> Result<bool> {
+        self.events.next(block)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn sleep(&mut self, block: Option<Duration>) -> Result<bool> {
+        std::thread::sleep(block.map_or(MAX_RECHECK, |b| b.min(MAX_RECHECK)));
+        Ok(false)
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod inotify {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+    use std::time::Duration;
+
+    use crate::error::{LoopxError, Result};
+    use crate::paths::DB_FILE;
+
+    /// An inotify descriptor watching one directory for writes to the database and its WAL.
+    pub(super) struct Events {
+        fd: OwnedFd,
+        dir: std::path::PathBuf,
+    }
+
+    impl Events {
+        pub(super) fn watch(dir: &Path) -> Result<Events> {
+            let io_err = |what: &str| {
+                LoopxError::io(
+                    dir,
+                    format!("{what} {} to watch for commits", dir.display()),
+                    std::io::Error::last_os_error(),
+                )
+            };
+            // SAFETY: inotify_init1 takes flags only; a non-negative result is a new descriptor
+            // this process owns.
+            let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+            if raw < 0 {
+                return Err(io_err("creating an inotify descriptor for"));
+            }
+            // SAFETY: `raw` was just returned by inotify_init1 and is owned by nothing else.
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            let c_dir = CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
+                crate::error::bad_input(format!(
+                    "the state directory {} has a NUL byte in its path",
+                    dir.display()
+                ))
+            })?;
+            // A commit writes the WAL (IN_MODIFY); a WAL created anew, or a database swapped in
+            // by a restore, arrives as IN_CREATE / IN_MOVED_TO.
+            let mask = libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO;
+            // SAFETY: `fd` is a live inotify descriptor and `c_dir` a NUL-terminated path.
+            let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c_dir.as_ptr(), mask) };
+            if wd < 0 {
+                return Err(io_err("watching"));
+            }
+            Ok(Events {
+                fd,
+                dir: dir.to_path_buf(),
+            })
+        }
+
+        /// Waits up to `block` (`None`: without limit) for events; true when one of them names
+        /// the database or its WAL (or the queue overflowed, which may have hidden one).
+        pub(super) fn next(&mut self, block: Option<Duration>) -> Result<bool> {
+            let timeout_ms: libc::c_int = match block {
+                None => -1,
+                // Rounded up, so a wait of 0.5 ms does not become a busy loop of zero waits.
+                Some(b) => b
+                    .as_micros()
+                    .div_ceil(1000)
+                    .try_into()
+                    .unwrap_or(libc::c_int::MAX),
+            };
+            let mut pfd = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the duration of the call.
+            let ready = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+            if ready < 0 {
+                let err = std::io::Error::last_os_error();
+                if err.kind() == std::io::ErrorKind::Interrupted {
+                    return Ok(false);
+                }
+                return Err(LoopxError::io(
+                    &self.dir,
+                    format!("waiting for changes in {}", self.dir.display()),
+                    err,
+                ));
+            }
+            if ready == 0 {
+                return Ok(false);
+            }
+            self.drain()
+        }
+
+        /// Reads every queued event; true when one concerns the database or its WAL.
+        fn drain(&mut self) -> Result<bool> {
+            // Aligned for `inotify_event`, and large enough for many events per read.
+            let mut buf = [0u64; 1024];
+            let mut relevant = false;
+            loop {
+                // SAFETY: the buffer is valid for writes of its full size in bytes.
+                let n = unsafe {
+                    libc::read(
+                        self.fd.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        std::mem::size_of_val(&buf),
+                    )
+                };
+                if n < 0 {
+                    let err = std::io::Error::last_os_error();
+                    match err.kind() {
+                        std::io::ErrorKind::WouldBlock => return Ok(relevant),
+                        std::io::ErrorKind::Interrupted => continue,
+                        _ => {
+                            return Err(LoopxError::io(
+                                &self.dir,
+                                format!("reading change events of {}", self.dir.display()),
+                                err,
+                            ));
+                        }
+                    }
+                }
+                if n == 0 {
+                    return Ok(relevant);
+                }
+                // SAFETY: the kernel wrote `n` initialized bytes at the start of `buf`.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n as usize) };
+                relevant |= names_database(bytes);
+            }
+        }
+    }
+
+    /// Whether a buffer of `inotify_event` records names the database or its WAL.
+    fn names_database(mut bytes: &[u8]) -> bool {
+        let header = std::mem::size_of::<libc::inotify_event>();
+        let mut relevant = false;
+        while bytes.len() >= header {
+            // SAFETY: `header` bytes are available; read_unaligned copies them without assuming
+            // the slice's alignment.
+            let event: libc::inotify_event =
+                unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+            let len = event.len as usize;
+            let end = (header + len).min(bytes.len());
+            let name = &bytes[header..end];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            if event.mask & libc::IN_Q_OVERFLOW != 0 || is_database_file(name) {
+                relevant = true;
+            }
+            bytes = &bytes[end..];
+        }
+        relevant
+    }
+
+    pub(super) fn is_database_file(name: &[u8]) -> bool {
+        let db = DB_FILE.as_bytes();
+        name == db || name.strip_prefix(db) == Some(b"-wal")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::ChangeWatcher;
+    use crate::kernel::goal::NewGoal;
+    use crate::kernel::test_project;
+    use crate::kernel::{Actor, Kernel};
+
+    fn new_goal(kernel: &mut Kernel, id: &str) {
+        let goal = NewGoal {
+            id: Some(id.into()),
+            title: "Another goal".into(),
+            ..NewGoal::default()
+        };
+        kernel.create_goal(&Actor::Operator, goal).unwrap();
+    }
+
+    #[test]
+    fn a_commit_from_another_connection_on_another_thread_wakes_a_waiting_watcher() {
+        let (dir, _kernel) = test_project::with_goal_g();
+        let paths = crate::paths::ProjectPaths::at(dir.path());
+        let mut watcher = ChangeWatcher::new(&paths).unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let mut other = Kernel::open(paths).unwrap();
+            new_goal(&mut other, "h");
+        });
+        assert!(watcher.wait(Some(Duration::from_secs(20))).unwrap());
+        writer.join().unwrap();
+        // Reported once: nothing has been committed since.
+        assert!(!watcher.wait(Some(Duration::from_millis(100))).unwrap());
+    }
+
+    #[test]
+    fn a_commit_made_between_two_waits_is_reported_by_the_next_one() {
+        let (dir, mut kernel) = test_project::with_goal_g();
+        let mut watcher = ChangeWatcher::new(&crate::paths::ProjectPaths::at(dir.path())).unwrap();
+        new_goal(&mut kernel, "h");
+        assert!(watcher.wait(Some(Duration::ZERO)).unwrap());
+        assert!(!watcher.wait(Some(Duration::ZERO)).unwrap());
+        new_goal(&mut kernel, "i");
+        new_goal(&mut kernel, "j");
+        assert!(watcher.wait(None).unwrap());
+    }
+
+    #[test]
+    fn reads_and_a_checkpoint_are_not_commits() {
+        let (dir, kernel) = test_project::with_goal_g();
+        let paths = crate::paths::ProjectPaths::at(dir.path());
+        let mut watcher = ChangeWatcher::new(&paths).unwrap();
+        kernel.goals().unwrap();
+        kernel.status(None).unwrap();
+        // A checkpoint writes the database file (a file event) but commits nothing.
+        let conn = rusqlite::Connection::open(paths.db()).unwrap();
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        let reader = Kernel::open(paths).unwrap();
+        reader.goals().unwrap();
+        assert!(!watcher.wait(Some(Duration::from_millis(300))).unwrap());
+    }
+
+    #[test]
+    fn an_idle_project_times_out() {
+        let (dir, _kernel) = test_project::with_goal_g();
+        let mut watcher = ChangeWatcher::new(&crate::paths::ProjectPaths::at(dir.path())).unwrap();
+        assert!(!watcher.wait(Some(Duration::from_millis(50))).unwrap());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn only_the_database_and_its_wal_are_database_files() {
+        assert!(super::inotify::is_database_file(b"loopx.db"));
+        assert!(super::inotify::is_database_file(b"loopx.db-wal"));
+        assert!(!super::inotify::is_database_file(b"loopx.db-shm"));
+        assert!(!super::inotify::is_database_file(b"registry.json"));
+    }
+}
