@@ -192,6 +192,7 @@ impl Context {
         self.kernel
             .get()
             .and_then(|k| k.try_borrow_mut().ok().map(|mut k| k.take_warnings()))
+            .map(|warnings| warnings.iter().map(next_action::message_text).collect())
             .unwrap_or_default()
     }
 
@@ -245,7 +246,6 @@ impl Context {
 
 /// Runs a command that executes WebAssembly (`turn`, `loop`, `extension`, `capability`,
 /// `provider`). The `loopx` binary passes [`exec_wasm_host`]; `loopx-wasm` passes
-            .map(|warnings| warnings.iter().map(next_action::message_text).collect())
 /// [`run_wasm_command`]. Taking it as a parameter keeps the engine out of the kernel binary
 /// entirely: the linker drops code nothing refers to.
 pub type WasmDispatch = fn(&Context, Command) -> Result<Output>;
