@@ -7,12 +7,111 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch (plus the test clock's offset in `test-hooks` builds).
 pub fn now_ms() -> i64 {
-    SystemTime::now()
+    let system = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+        .unwrap_or(0);
+    system.saturating_add(test_clock::offset_ms())
+}
+
+/// The file inside `.loopx/` whose decimal content moves the test clock, in milliseconds.
+pub const TEST_CLOCK_FILE: &str = "test-clock-offset-ms";
+
+/// Test-only time travel. Compiled only with the `test-hooks` feature (the crate's own test and
+/// bench builds, Cargo.toml), and read from a file inside `.loopx/`, never from the environment:
+/// a host inside a turn can neither see nor write `.loopx/` (src/turn/isolation.rs), and a binary
+/// anyone runs has no hook at all (docs/operator-guide.md, "Threat model").
+#[cfg(feature = "test-hooks")]
+pub mod test_clock {
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    static OFFSET_MS: AtomicI64 = AtomicI64::new(0);
+
+    pub(crate) fn offset_ms() -> i64 {
+        OFFSET_MS.load(Ordering::Relaxed)
+    }
+
+    /// Reads `<state>/test-clock-offset-ms` (0 when absent or unreadable).
+    pub fn load(state: &std::path::Path) {
+        let offset = std::fs::read_to_string(state.join(super::TEST_CLOCK_FILE))
+            .ok()
+            .and_then(|t| t.trim().parse::<i64>().ok())
+            .unwrap_or(0);
+        OFFSET_MS.store(offset, Ordering::Relaxed);
+    }
+}
+
+/// Builds without `test-hooks` have no test clock: the offset is the constant 0.
+#[cfg(not(feature = "test-hooks"))]
+pub mod test_clock {
+    #[inline(always)]
+    pub(crate) fn offset_ms() -> i64 {
+        0
+    }
+
+    /// Does nothing: only `test-hooks` builds read a test clock.
+    #[inline(always)]
+    pub fn load(_state: &std::path::Path) {}
+}
+
+/// Parses an RFC 3339 time in UTC (`Z` or `+00:00`), with optional fractional seconds, to
+/// milliseconds since the epoch. `None` for anything else (other offsets included).
+pub fn parse_rfc3339(text: &str) -> Option<i64> {
+    let b = text.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |from: usize, to: usize| -> Option<i64> {
+        let s = text.get(from..to)?;
+        s.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| s.parse().ok())?
+    };
+    let (year, month, day) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    let (h, m, s) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
+    let mut rest = &text[19..];
+    let mut millis = 0;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            return None;
+        }
+        let digits = &frac[..n.min(3)];
+        millis = digits.parse::<i64>().ok()? * 10i64.pow(3 - digits.len() as u32);
+        rest = &frac[n..];
+    }
+    if !matches!(rest, "Z" | "z" | "+00:00") {
+        return None;
+    }
+    let leap = |y: i64| (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let month_len = match month {
+        2 if leap(year) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        1..=12 => 31,
+        _ => return None,
+    };
+    if year < 1970 || day < 1 || day > month_len || h > 23 || m > 59 || s > 59 {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    Some(((days * 24 + h) * 60 + m) * 60_000 + s * 1000 + millis)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (the inverse of `civil_from_days`).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let month_from_march = (month + 9) % 12;
+    let day_of_year = (153 * month_from_march + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
 }
 
 /// RFC 3339 UTC with millisecond precision, e.g. `2026-11-29T09:00:00.123Z`.
@@ -104,6 +203,27 @@ mod tests {
             serde_json::to_string(&Rfc3339(1_780_000_000_123)).unwrap(),
             "\"2026-05-28T20:26:40.123Z\""
         );
+    }
+
+    #[test]
+    fn rfc3339_parses_what_it_renders() {
+        for ms in [0, 951_782_400_000, 1_798_761_599_999, 1_796_187_600_000] {
+            assert_eq!(parse_rfc3339(&rfc3339(ms)), Some(ms));
+        }
+        assert_eq!(parse_rfc3339("2026-12-02T05:00:00Z"), Some(1_796_187_600_000));
+        assert_eq!(
+            parse_rfc3339("2026-12-02T05:00:00.5+00:00"),
+            Some(1_796_187_600_500)
+        );
+        for bad in [
+            "2026-02-30T00:00:00Z",
+            "2026-12-02T05:00:00+01:00",
+            "2026-12-02T25:00:00Z",
+            "2026-12-02",
+            "2026-12-02T05:00:00.Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -7,10 +7,16 @@ use super::output::Output;
 use super::{Context, opt};
 use crate::clock::{now_ms, rfc3339};
 use crate::error::Result;
+use crate::error::bad_input;
 use crate::kernel::claim::{ClaimGrant, ClaimRequest, DEFAULT_TTL_SECONDS};
+use crate::kernel::monitor::{CheckReport, MonitorPatch, MonitorSpec, Observation};
+use crate::kernel::projection::monitor_json;
 use crate::kernel::projection::{evidence_json, todo_json};
 use crate::kernel::todo::{NewTodo, TodoChange, TodoPatch};
-use crate::model::{GateScope, Priority, Todo, TodoKind, TodoStatus};
+use crate::model::monitor::{parse_duration_ms, parse_until};
+use crate::model::{
+    GateScope, Monitor, MonitorFollowUp, Priority, ProbeSpec, Todo, TodoKind, TodoStatus,
+};
 
 /// How an agent proves it holds a todo's lease.
 #[derive(Debug, Args)]
@@ -61,6 +67,8 @@ pub enum TodoCommand {
         /// The agent adding it (recorded in the operation log).
         #[arg(long)]
         agent_id: Option<String>,
+        #[command(flatten)]
+        schedule: ScheduleArgs,
     },
     /// List a goal's todos.
     List {
@@ -131,6 +139,8 @@ pub enum TodoCommand {
         reason: Option<String>,
         #[command(flatten)]
         proof: AgentProof,
+        #[command(flatten)]
+        schedule: ScheduleArgs,
     },
     /// Mark a todo completed, with evidence.
     Complete {
@@ -140,6 +150,24 @@ pub enum TodoCommand {
         todo_id: String,
         #[arg(long)]
         evidence: Option<String>,
+        #[command(flatten)]
+        proof: AgentProof,
+    },
+    /// Record a monitor check: the same observation as last time is a quiet check, a different
+    /// one records evidence and opens the monitor's follow-up.
+    Check {
+        /// The goal (its id, as `goal list` shows it).
+        #[arg(long)]
+        goal_id: String,
+        /// The monitor todo.
+        #[arg(long)]
+        todo_id: String,
+        /// What the check observed (compared by digest with the last check).
+        #[arg(long, required_unless_present = "failed")]
+        observation: Option<String>,
+        /// The check could not observe: why (recorded as a failed check, retried next cadence).
+        #[arg(long, conflicts_with = "observation")]
+        failed: Option<String>,
         #[command(flatten)]
         proof: AgentProof,
     },
@@ -233,6 +261,7 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
             blocks_agent,
             global_gate,
             agent_id,
+            schedule,
         } => {
             let gate_scope = match (blocks_agent, global_gate) {
                 (Some(agent_id), _) => Some(GateScope::BlocksAgent { agent_id }),
@@ -250,8 +279,13 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
                 lane,
                 gate_scope,
             };
-            let todo =
-                kernel.add_todo(&ctx.actor(agent_id.as_deref(), None, None), &goal_id, new)?;
+            let actor = ctx.actor(agent_id.as_deref(), None, None);
+            if kind == TodoKind::Monitor || !schedule.is_empty() {
+                let spec = schedule.spec()?;
+                let (todo, monitor) = kernel.add_monitor(&actor, &goal_id, new, spec)?;
+                return Ok(with_monitor(todo_output("Added", &todo), Some(&monitor)));
+            }
+            let todo = kernel.add_todo(&actor, &goal_id, new)?;
             Ok(todo_output("Added", &todo))
         }
         TodoCommand::List { goal_id, status } => {
@@ -261,13 +295,21 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
                 .into_iter()
                 .filter(|t| status.is_none_or(|s| t.status == s))
                 .collect();
-            Ok(Output::new(json!({"goal_id": goal_id, "todos": todos.iter().map(|t| todo_json(t, now)).collect::<Vec<_>>()}))
+            let monitors = kernel.monitors(&goal_id)?;
+            let out = Output::new(json!({"goal_id": goal_id, "todos": todos.iter().map(|t| todo_json(t, now)).collect::<Vec<_>>()}))
                 .heading(format!("{} todo(s) in {goal_id}", todos.len()))
-                .table(&["id", "pri", "kind", "status", "claim", "title"], todos.iter().map(|t| todo_row(t, now)).collect()))
+                .table(&["id", "pri", "kind", "status", "claim", "title"], todos.iter().map(|t| todo_row(t, now)).collect());
+            Ok(with_monitor_list(out, &todos, &monitors, now))
         }
         TodoCommand::Show { goal_id, todo_id } => {
             let (todo, evidence) = kernel.todo(&goal_id, &todo_id)?;
-            let mut out = todo_output("Todo", &todo);
+            let monitor = kernel.monitor(&goal_id, &todo_id)?;
+            let resumes_at = kernel.deferral(&goal_id, &todo_id)?;
+            let mut out = with_monitor(todo_output("Todo", &todo), monitor.as_ref());
+            if let Some(at) = resumes_at {
+                out.value["todo"]["resumes_at"] = json!(rfc3339(at));
+                out = out.fields([("resumes at", rfc3339(at))]);
+            }
             out.value["evidence"] = json!(evidence.iter().map(evidence_json).collect::<Vec<_>>());
             let rows = evidence
                 .iter()
@@ -328,6 +370,7 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
             priority,
             reason,
             proof,
+            schedule,
         } => {
             let actor = ctx.actor(proof.agent_id.as_deref(), proof.fence, proof.claim_key);
             let patch = TodoPatch {
@@ -337,6 +380,8 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
                 priority,
                 evidence,
                 reason,
+                until: schedule.until_at()?,
+                monitor: schedule.patch()?,
             };
             Ok(change_output(
                 "Updated",
@@ -355,5 +400,235 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
                 &kernel.complete_todo(&actor, &goal_id, &todo_id, evidence.as_deref())?,
             ))
         }
+        TodoCommand::Check {
+            goal_id,
+            todo_id,
+            observation,
+            failed,
+            proof,
+        } => {
+            let actor = ctx.actor(proof.agent_id.as_deref(), proof.fence, proof.claim_key);
+            let observed = match (observation, failed) {
+                (Some(text), _) => Observation::Value(text),
+                (None, Some(reason)) => Observation::Failed(reason),
+                (None, None) => {
+                    return Err(bad_input("pass --observation TEXT or --failed REASON"));
+                }
+            };
+            let report = kernel.record_check(&actor, &goal_id, &todo_id, &observed, None)?;
+            Ok(check_output(&report))
+        }
     }
+}
+
+/// The schedule flags of `todo add` (a monitor's) and `todo update` (a monitor's, or `--until` of
+/// a deferred todo). Plain comment: clap would show a doc comment as the commands' description.
+#[derive(Debug, Args, Default)]
+pub struct ScheduleArgs {
+    /// Monitors: how often the check runs, e.g. 30s, 15m, 1h, 1d (required for --kind monitor).
+    #[arg(long, value_parser = parse_duration_ms)]
+    pub every: Option<i64>,
+    /// Monitors: when the monitor ends; deferred todos: when they resume. RFC 3339 UTC
+    /// (2026-12-02T05:00:00Z) or +<duration> from now (+2h).
+    #[arg(long)]
+    pub until: Option<String>,
+    /// Monitors: what is watched (a metric key, a path, a URL), shown to the agent.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Monitors: a material change records evidence only, no follow-up todo.
+    #[arg(long, conflicts_with = "on_change")]
+    pub watch_only: bool,
+    /// Monitors: what a material change opens: open_todo (an agent todo, default) or replan.
+    #[arg(long, value_parser = MonitorFollowUp::parse)]
+    pub on_change: Option<MonitorFollowUp>,
+    /// Monitors: quiet checks in a row before the cadence backs off (x2, x4, x8; default 3).
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_no_change: Option<i64>,
+    /// Monitors: run a provider operation as the check, with no agent turn:
+    /// --probe <extension>/<provider> <operation> <target>.
+    #[arg(long, num_args = 3, value_names = ["PROVIDER", "OPERATION", "TARGET"])]
+    pub probe: Vec<String>,
+}
+
+impl ScheduleArgs {
+    fn is_empty(&self) -> bool {
+        self.every.is_none()
+            && self.until.is_none()
+            && self.target.is_none()
+            && !self.watch_only
+            && self.on_change.is_none()
+            && self.max_no_change.is_none()
+            && self.probe.is_empty()
+    }
+
+    fn until_at(&self) -> Result<Option<i64>> {
+        self.until
+            .as_deref()
+            .map(|u| parse_until(u, now_ms()))
+            .transpose()
+    }
+
+    fn follow_up(&self) -> Option<MonitorFollowUp> {
+        if self.watch_only {
+            Some(MonitorFollowUp::None)
+        } else {
+            self.on_change
+        }
+    }
+
+    fn probe(&self) -> Option<ProbeSpec> {
+        match self.probe.as_slice() {
+            [provider, operation, target] => Some(ProbeSpec {
+                provider: provider.clone(),
+                operation: operation.clone(),
+                target: target.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn spec(&self) -> Result<MonitorSpec> {
+        let every = self
+            .every
+            .ok_or_else(|| bad_input("a monitor needs a cadence: pass --every, e.g. --every 1h"))?;
+        let mut spec = MonitorSpec::every(every);
+        spec.until_at = self.until_at()?;
+        spec.target = self.target.clone();
+        spec.follow_up = self.follow_up().unwrap_or(MonitorFollowUp::OpenTodo);
+        if let Some(n) = self.max_no_change {
+            spec.max_no_change = n;
+        }
+        spec.probe = self.probe();
+        Ok(spec)
+    }
+
+    fn patch(&self) -> Result<MonitorPatch> {
+        Ok(MonitorPatch {
+            every_ms: self.every,
+            until_at: None,
+            target: self.target.clone(),
+            follow_up: self.follow_up(),
+            max_no_change: self.max_no_change,
+            probe: self.probe(),
+        })
+    }
+}
+
+fn monitor_fields(m: &Monitor, now: i64) -> Vec<(&'static str, String)> {
+    let ms = |v: i64| format!("{}s", v / 1000);
+    vec![
+        ("every", ms(m.every_ms)),
+        (
+            "interval now",
+            format!(
+                "{} (x{} after {} quiet checks)",
+                ms(m.interval_ms()),
+                m.backoff_factor(),
+                m.no_change_count
+            ),
+        ),
+        ("next due", rfc3339(m.next_due_at)),
+        (
+            "due now",
+            (m.next_due_at <= now && !m.expired(now)).to_string(),
+        ),
+        (
+            "until",
+            m.until_at.map(rfc3339).unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "last check",
+            m.last_check_at.map(rfc3339).unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "last result",
+            m.last_result
+                .map(|r| r.to_string())
+                .unwrap_or_else(|| "-".into()),
+        ),
+        ("last digest", opt(&m.last_digest)),
+        ("target", opt(&m.target)),
+        ("on change", m.follow_up.to_string()),
+        (
+            "probe",
+            m.probe
+                .as_ref()
+                .map(|p| format!("{} {} {}", p.provider, p.operation, p.target))
+                .unwrap_or_else(|| "-".into()),
+        ),
+        ("last failure", opt(&m.last_failure)),
+    ]
+}
+
+fn with_monitor(mut out: Output, monitor: Option<&Monitor>) -> Output {
+    let Some(m) = monitor else { return out };
+    let now = now_ms();
+    out.value["todo"]["monitor"] = monitor_json(m, now);
+    out.fields(monitor_fields(m, now))
+}
+
+fn with_monitor_list(mut out: Output, todos: &[Todo], monitors: &[Monitor], now: i64) -> Output {
+    if monitors.is_empty() {
+        return out;
+    }
+    if let Some(list) = out.value["todos"].as_array_mut() {
+        for (item, todo) in list.iter_mut().zip(todos) {
+            if let Some(m) = monitors.iter().find(|m| m.todo_id == todo.id) {
+                item["monitor"] = monitor_json(m, now);
+            }
+        }
+    }
+    let rows = monitors
+        .iter()
+        .filter(|m| todos.iter().any(|t| t.id == m.todo_id))
+        .map(|m| {
+            vec![
+                m.todo_id.clone(),
+                format!("{}s", m.every_ms / 1000),
+                rfc3339(m.next_due_at),
+                m.last_check_at.map(rfc3339).unwrap_or_else(|| "-".into()),
+                m.last_result
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                m.no_change_count.to_string(),
+                m.last_digest
+                    .as_deref()
+                    .map(|d| d[..12.min(d.len())].to_string())
+                    .unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    out.heading("Monitors").table(
+        &[
+            "id",
+            "every",
+            "next due",
+            "last check",
+            "result",
+            "quiet",
+            "digest",
+        ],
+        rows,
+    )
+}
+
+fn check_output(report: &CheckReport) -> Output {
+    let m = &report.monitor;
+    Output::new(json!({
+        "check": {
+            "goal_id": m.goal_id,
+            "todo_id": m.todo_id,
+            "result": report.result,
+            "digest": report.digest,
+            "evidence_id": report.evidence_id,
+            "follow_up_todo": report.follow_up_todo,
+            "monitor": monitor_json(m, now_ms()),
+        }
+    }))
+    .heading(format!("Check of monitor {}: {}", m.todo_id, report.result))
+    .fields([
+        ("next due", rfc3339(m.next_due_at)),
+        ("quiet checks", m.no_change_count.to_string()),
+        ("follow-up todo", opt(&report.follow_up_todo)),
+    ])
 }

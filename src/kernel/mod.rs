@@ -11,6 +11,7 @@ pub mod decision;
 pub mod doctor;
 pub mod extension;
 pub mod goal;
+pub mod monitor;
 pub mod projection;
 pub mod quota;
 pub mod run;
@@ -175,6 +176,8 @@ impl Kernel {
     /// projection is reported, never silently replaced).
     pub fn open(paths: ProjectPaths) -> Result<Kernel> {
         projection::check_json_projection(&paths.registry())?;
+        // Test builds only (`test-hooks`): the test clock's offset from inside `.loopx/`.
+        crate::clock::test_clock::load(&paths.state);
         let store = crate::kernel::store::open(Backend::default(), &paths.db())?;
         Ok(Kernel {
             paths,

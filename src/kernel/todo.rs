@@ -56,6 +56,10 @@ pub struct TodoPatch {
     pub priority: Option<Priority>,
     pub evidence: Option<String>,
     pub reason: Option<String>,
+    /// A monitor's end, or a deferred todo's resume time (see `monitor::apply_update_in_tx`).
+    pub until: Option<i64>,
+    /// Schedule changes of a monitor.
+    pub monitor: super::monitor::MonitorPatch,
 }
 
 /// The result of a todo write.
@@ -337,6 +341,7 @@ pub(crate) fn complete_in_tx(
             todo.id
         )));
     }
+    super::monitor::refuse_completion(tx, &todo)?;
     let evidence_id = match evidence {
         Some(text) => Some(add_evidence(tx, &todo, actor, text, None, None, now)?),
         None => None,
@@ -464,7 +469,15 @@ impl Kernel {
                 Some(text) => Some(add_evidence(tx, &todo, actor, text, None, None, now)?),
                 None => None,
             };
-            let changed = todo != before || evidence_id.is_some();
+            let scheduled = super::monitor::apply_update_in_tx(
+                tx,
+                &todo,
+                todo.status != before.status,
+                patch.until,
+                &patch.monitor,
+                now,
+            )?;
+            let changed = todo != before || evidence_id.is_some() || scheduled;
             if todo != before {
                 todo.updated_at = now;
                 tx.update_todo(&todo)?;

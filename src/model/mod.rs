@@ -6,8 +6,10 @@
 //! serde so the JSON surface and the database agree.
 
 mod journal;
+pub mod monitor;
 
 pub use journal::{JournalStatus, Phase, TurnRecord, TurnResultKind};
+pub use monitor::{CheckResult, Deferral, Monitor, MonitorFollowUp, ProbeSpec};
 
 use serde::{Deserialize, Serialize};
 

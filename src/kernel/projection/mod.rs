@@ -32,6 +32,7 @@ pub(crate) use files::check_before_overwrite;
 use files::{ProjectionWriter, write_json_projection, write_once};
 pub use files::{check_json_projection, write_atomic};
 use markdown::{run_markdown, state_markdown, todo_markdown};
+pub use wire::monitor_json;
 use wire::pretty;
 pub use wire::{EvidenceView, TodoView, evidence_json, goal_json, run_json, todo_json};
 

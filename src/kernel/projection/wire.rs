@@ -177,3 +177,28 @@ pub fn run_json(run: &Run) -> Value {
         "payload": run.payload,
     })
 }
+
+/// The wire shape of a monitor's schedule and check state (`todo show`/`list`, `state.json`).
+pub fn monitor_json(m: &crate::model::Monitor, now: i64) -> Value {
+    json!({
+        "every_seconds": m.every_ms as f64 / 1000.0,
+        "interval_seconds": m.interval_ms() as f64 / 1000.0,
+        "backoff_factor": m.backoff_factor(),
+        "next_due_at": rfc3339(m.next_due_at),
+        "due": m.next_due_at <= now && !m.expired(now),
+        "until": m.until_at.map(rfc3339),
+        "target": m.target,
+        "on_change": m.follow_up,
+        "watch_only": m.follow_up == crate::model::MonitorFollowUp::None,
+        "max_no_change": m.max_no_change,
+        "probe": m.probe,
+        "last_check_at": m.last_check_at.map(rfc3339),
+        "last_result": m.last_result,
+        "last_digest": m.last_digest,
+        "no_change_count": m.no_change_count,
+        "material_change": m.material_change,
+        "checks": m.checks,
+        "failures": m.failures,
+        "last_failure": m.last_failure,
+    })
+}

@@ -2,7 +2,14 @@
 //! `schema_migrations`; a database newer than this binary is refused rather than guessed at.
 
 /// (version, SQL). Append only: never edit a migration that has shipped.
-pub const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)];
+pub const MIGRATIONS: &[(i64, &str)] = &[
+    (1, V1),
+    (2, V2),
+    (3, V3),
+    (4, V4),
+    (5, V5),
+    (8, V8),
+];
 
 const V1: &str = r#"
 CREATE TABLE goals (
@@ -196,4 +203,44 @@ CREATE TABLE component_artifacts (
     recorded_at INTEGER NOT NULL,
     PRIMARY KEY (component_sha256, engine_key)
 );
+"#;
+
+/// Scheduled monitors and deferred todos' resume times, in tables of their own keyed by goal and
+/// todo id (not columns of `todos`, whose hot paths stay as they are). `monitors_by_due` serves
+/// the decision's "earliest due monitor" and the heartbeat's sweep without a scan; a deferral row
+/// lives while its todo is deferred (docs/state-model.md, "Monitors").
+const V8: &str = r#"
+CREATE TABLE monitors (
+    goal_id TEXT NOT NULL,
+    todo_id TEXT NOT NULL,
+    every_ms INTEGER NOT NULL,
+    until_at INTEGER,
+    target TEXT,
+    follow_up TEXT NOT NULL,
+    max_no_change INTEGER NOT NULL,
+    probe TEXT,
+    next_due_at INTEGER NOT NULL,
+    last_check_at INTEGER,
+    last_digest TEXT,
+    last_result TEXT,
+    no_change_count INTEGER NOT NULL DEFAULT 0,
+    material_change INTEGER NOT NULL DEFAULT 0,
+    checks INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
+    last_failure TEXT,
+    check_seq INTEGER NOT NULL DEFAULT 0,
+    checked_fence INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (goal_id, todo_id)
+) WITHOUT ROWID;
+CREATE INDEX monitors_by_due ON monitors(goal_id, next_due_at);
+
+CREATE TABLE todo_deferrals (
+    goal_id TEXT NOT NULL,
+    todo_id TEXT NOT NULL,
+    until_at INTEGER NOT NULL,
+    PRIMARY KEY (goal_id, todo_id)
+) WITHOUT ROWID;
+CREATE INDEX deferrals_by_time ON todo_deferrals(goal_id, until_at);
 "#;

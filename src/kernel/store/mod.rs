@@ -21,8 +21,8 @@ pub use sqlite::{damage_marker, mark_damaged};
 
 use crate::error::Result;
 use crate::model::{
-    ArtifactRecord, Evidence, ExtensionRecord, Goal, GoalStatus, LedgerEntry, QuotaPolicy, Reward,
-    Role, Run, Todo, TodoStatus, TurnRecord,
+    ArtifactRecord, Deferral, Evidence, ExtensionRecord, Goal, GoalStatus, LedgerEntry, Monitor,
+    QuotaPolicy, Reward, Role, Run, Todo, TodoStatus, TurnRecord,
 };
 
 /// One entry of the operation log: every committed kernel mutation appends exactly one, in the
@@ -122,7 +122,7 @@ pub trait Store: Send {
 }
 
 /// Queries inside one transaction, read snapshot or write. Has no method that writes.
-pub trait StoreRead {
+pub trait StoreRead: MonitorRead {
     // Goals (layer 1 registry + layer 2 goal state).
     fn goal(&self, id: &str) -> Result<Option<Goal>>;
     fn goals(&self) -> Result<Vec<Goal>>;
@@ -218,7 +218,7 @@ pub trait StoreRead {
 }
 
 /// Writes inside one write transaction, which also reads what it has written.
-pub trait StoreTx: StoreRead {
+pub trait StoreTx: StoreRead + MonitorTx {
     fn commit(self: Box<Self>) -> Result<()>;
 
     // Goals (layer 1 registry + layer 2 goal state).
@@ -300,4 +300,52 @@ pub fn for_each_projected_todo(
             visit(ProjectedTodo::Uncached(todo, order))
         }),
     }
+}
+
+/// A monitor with the fields of its todo the schedule depends on, as
+/// [`MonitorRead::visit_active_monitors`] yields it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveMonitor {
+    pub monitor: Monitor,
+    pub todo_status: TodoStatus,
+    pub todo_last_fence: i64,
+    pub todo_updated_at: i64,
+    /// The expiry of the todo's claim, live or not.
+    pub claim_expires_at: Option<i64>,
+}
+
+impl ActiveMonitor {
+    /// When the monitor is next due (see [`Monitor::due_at`]).
+    pub fn due_at(&self) -> i64 {
+        self.monitor
+            .due_at(self.todo_last_fence, self.todo_updated_at)
+    }
+}
+
+/// Monitor and deferral reads (tables `monitors`, `todo_deferrals`), part of every [`StoreRead`].
+pub trait MonitorRead {
+    fn monitor(&self, goal_id: &str, todo_id: &str) -> Result<Option<Monitor>>;
+    /// Every monitor of a goal, whatever its todo's status, by todo id.
+    fn monitors(&self, goal_id: &str) -> Result<Vec<Monitor>>;
+    /// Calls `visit` for each monitor of the goal whose todo is not terminal, by stored
+    /// `next_due_at`, earliest first, until `visit` returns `false`.
+    fn visit_active_monitors(
+        &self,
+        goal_id: &str,
+        visit: &mut dyn FnMut(&ActiveMonitor) -> Result<bool>,
+    ) -> Result<()>;
+    /// How many monitors of the goal have a todo that is not terminal.
+    fn active_monitor_count(&self, goal_id: &str) -> Result<i64>;
+    fn deferral(&self, goal_id: &str, todo_id: &str) -> Result<Option<Deferral>>;
+    /// The goal's deferrals of todos still deferred, earliest first, at most `limit`.
+    fn next_deferrals(&self, goal_id: &str, limit: usize) -> Result<Vec<Deferral>>;
+    /// The earliest expiry after `now` of a live claim on the goal's todos.
+    fn next_lease_expiry(&self, goal_id: &str, now: i64) -> Result<Option<i64>>;
+}
+
+/// Monitor and deferral writes, part of every [`StoreTx`].
+pub trait MonitorTx: MonitorRead {
+    fn upsert_monitor(&self, monitor: &Monitor) -> Result<()>;
+    /// Sets (or with `None` removes) a todo's resume time.
+    fn set_deferral(&self, goal_id: &str, todo_id: &str, until_at: Option<i64>) -> Result<()>;
 }

@@ -16,6 +16,7 @@ mod errors;
 mod extensions;
 mod goals;
 mod integrity;
+mod monitors;
 mod ops;
 mod projection_cache;
 mod quota;

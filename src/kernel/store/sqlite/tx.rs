@@ -95,7 +95,7 @@ impl Mode for Write {
 
 /// One transaction on the connection. Ends with `commit`, or rolls back when dropped.
 pub(super) struct SqliteTx<'a, M: Mode> {
-    db: Db<'a>,
+    pub(super) db: Db<'a>,
     /// Whether there is nothing left to roll back: committed, or a read that joined a
     /// transaction already open on the connection (whose owner ends it).
     finished: bool,

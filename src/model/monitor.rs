@@ -1,0 +1,259 @@
+//! Scheduled monitors: the schedule and check state of a `monitor` todo, and deferred todos'
+//! resume times.
+//!
+//! A monitor is a todo of kind `monitor` plus one row of its own (table `monitors`, keyed by goal
+//! and todo id) holding its cadence, next due time, last check and result digest. The row lives
+//! apart from `todos` so the todo hot paths stay as they are. The backoff rule is here, as a pure
+//! function of the row, so the decision (a pure read) and the check (a write) compute the same
+//! schedule (docs/state-model.md, "Monitors").
+
+use serde::{Deserialize, Serialize};
+
+use super::wire_enum;
+use crate::error::{Result, bad_input};
+
+/// Quiet checks multiply the cadence by at most this much (docs/state-model.md, "Monitors").
+pub const BACKOFF_CAP: i64 = 8;
+/// `--max-no-change` when none is given: three quiet checks, then backoff.
+pub const DEFAULT_MAX_NO_CHANGE: i64 = 3;
+/// Shortest cadence: one second (the heartbeat example uses seconds).
+pub const MIN_EVERY_MS: i64 = 1_000;
+/// Longest cadence: 30 days.
+pub const MAX_EVERY_MS: i64 = 30 * 86_400_000;
+
+wire_enum!(
+    /// What a material change does besides recording its evidence.
+    MonitorFollowUp {
+        /// Opens an agent task todo naming the change.
+        OpenTodo => "open_todo",
+        /// Flags the goal for replanning (an agent task to replan, at P1).
+        Replan => "replan",
+        /// Records the evidence only (`--watch-only`).
+        None => "none",
+    }
+);
+
+wire_enum!(
+    /// What one check found.
+    CheckResult {
+        /// The first observation: the digest every later one is compared with.
+        Baseline => "baseline",
+        /// Same digest as the last check.
+        Unchanged => "unchanged",
+        /// A different digest: evidence and the follow-up were recorded.
+        Changed => "changed",
+        /// The check did not produce an observation (provider failure, timeout, disabled).
+        Failed => "failed",
+    }
+);
+
+/// A provider operation run by the kernel side when the monitor is due (`--probe`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProbeSpec {
+    /// `<extension>/<provider>`.
+    pub provider: String,
+    pub operation: String,
+    pub target: String,
+}
+
+/// The schedule and check state of one monitor todo.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Monitor {
+    pub goal_id: String,
+    pub todo_id: String,
+    /// The base cadence.
+    pub every_ms: i64,
+    /// When the monitor ends (archived by the next sweep or check at or after it).
+    pub until_at: Option<i64>,
+    /// What is watched (a metric key, a URL, a path), for the agent and the follow-up.
+    pub target: Option<String>,
+    pub follow_up: MonitorFollowUp,
+    /// Quiet checks in a row after which the cadence backs off.
+    pub max_no_change: i64,
+    pub probe: Option<ProbeSpec>,
+    pub next_due_at: i64,
+    pub last_check_at: Option<i64>,
+    pub last_digest: Option<String>,
+    pub last_result: Option<CheckResult>,
+    /// Quiet checks in a row (reset by a change).
+    pub no_change_count: i64,
+    /// Whether the latest successful check saw a material change.
+    pub material_change: bool,
+    pub checks: i64,
+    /// Failed checks in a row (reset by a successful one).
+    pub failures: i64,
+    pub last_failure: Option<String>,
+    /// Increases with every claimed check: a result carrying an older number is refused.
+    pub check_seq: i64,
+    /// The todo's `last_fence` when the last check was recorded; a higher fence means a turn took
+    /// the monitor since and did not record a check.
+    pub checked_fence: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl Monitor {
+    /// The cadence multiplier after `no_change_count` quiet checks: 1 until `max_no_change` of
+    /// them, then 2, 4, ... doubling per further quiet check, capped at [`BACKOFF_CAP`].
+    pub fn backoff_factor(&self) -> i64 {
+        let over = self.no_change_count - self.max_no_change;
+        if over < 0 {
+            1
+        } else {
+            1i64.checked_shl((over + 1).min(32) as u32)
+                .unwrap_or(BACKOFF_CAP)
+                .min(BACKOFF_CAP)
+        }
+    }
+
+    /// The current interval between checks (the cadence times the backoff).
+    pub fn interval_ms(&self) -> i64 {
+        self.every_ms.saturating_mul(self.backoff_factor())
+    }
+
+    /// Whether the monitor's `--until` has passed at `now`.
+    pub fn expired(&self, now: i64) -> bool {
+        self.until_at.is_some_and(|u| now >= u)
+    }
+
+    /// When the monitor is next due, given the todo's highest granted fence and its last write:
+    /// a turn that took the monitor and settled without recording a check counts as a failed
+    /// check, so the monitor is retried one cadence after it instead of at once.
+    pub fn due_at(&self, todo_last_fence: i64, todo_updated_at: i64) -> i64 {
+        if todo_last_fence > self.checked_fence {
+            self.next_due_at
+                .max(todo_updated_at.saturating_add(self.every_ms))
+        } else {
+            self.next_due_at
+        }
+    }
+}
+
+/// A deferred todo's resume time (table `todo_deferrals`): the todo goes back to `open` at
+/// `until_at` by itself (the next heartbeat tick or kernel write on the goal).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Deferral {
+    pub goal_id: String,
+    pub todo_id: String,
+    pub until_at: i64,
+}
+
+/// Parses a duration such as `90s`, `15m`, `1h`, `2d` or `1h30m` into milliseconds (`ms` also
+/// accepted, for tests of short cadences).
+pub fn parse_duration_ms(text: &str) -> Result<i64> {
+    let bad = || {
+        bad_input(format!(
+            "invalid duration '{}': use a number and a unit, e.g. 30s, 15m, 1h, 2d or 1h30m",
+            crate::inert::line(text)
+        ))
+    };
+    let t = text.trim();
+    if t.is_empty() || t.len() > 40 {
+        return Err(bad());
+    }
+    let mut total: i64 = 0;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(bad());
+        }
+        let n: i64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let unit = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        total = n
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(bad)?;
+    }
+    Ok(total)
+}
+
+/// Parses `--until`: an RFC 3339 UTC time (`2026-12-02T05:00:00Z`) or `+<duration>` from `now`.
+pub fn parse_until(text: &str, now: i64) -> Result<i64> {
+    let t = text.trim();
+    if let Some(d) = t.strip_prefix('+') {
+        return Ok(now.saturating_add(parse_duration_ms(d)?));
+    }
+    crate::clock::parse_rfc3339(t).ok_or_else(|| {
+        bad_input(format!(
+            "invalid time '{}': use RFC 3339 UTC like 2026-12-02T05:00:00Z, or +<duration> like +2h",
+            crate::inert::line(t)
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn monitor(no_change: i64, max: i64) -> Monitor {
+        Monitor {
+            goal_id: "g".into(),
+            todo_id: "m".into(),
+            every_ms: 3_600_000,
+            until_at: None,
+            target: None,
+            follow_up: MonitorFollowUp::OpenTodo,
+            max_no_change: max,
+            probe: None,
+            next_due_at: 0,
+            last_check_at: None,
+            last_digest: None,
+            last_result: None,
+            no_change_count: no_change,
+            material_change: false,
+            checks: 0,
+            failures: 0,
+            last_failure: None,
+            check_seq: 0,
+            checked_fence: 0,
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    #[test]
+    fn backoff_progression_is_one_until_the_limit_then_doubles_to_the_cap() {
+        let factors: Vec<i64> = (0..8).map(|n| monitor(n, 3).backoff_factor()).collect();
+        assert_eq!(factors, vec![1, 1, 1, 2, 4, 8, 8, 8]);
+        assert_eq!(monitor(0, 0).backoff_factor(), 2);
+        assert_eq!(monitor(1_000_000, 3).backoff_factor(), BACKOFF_CAP);
+        assert_eq!(monitor(4, 3).interval_ms(), 4 * 3_600_000);
+    }
+
+    #[test]
+    fn a_turn_that_took_the_monitor_without_a_check_waits_a_cadence() {
+        let mut m = monitor(0, 3);
+        m.next_due_at = 100;
+        assert_eq!(m.due_at(0, 50), 100);
+        m.checked_fence = 2;
+        assert_eq!(m.due_at(3, 500), 500 + 3_600_000);
+    }
+
+    #[test]
+    fn durations_and_times_parse() {
+        assert_eq!(parse_duration_ms("1h").unwrap(), 3_600_000);
+        assert_eq!(parse_duration_ms("1h30m").unwrap(), 5_400_000);
+        assert_eq!(parse_duration_ms("2s").unwrap(), 2_000);
+        assert_eq!(parse_duration_ms("250ms").unwrap(), 250);
+        for bad in ["", "h", "1", "1x", "-1h", "1h-", "99999999999999999999d"] {
+            assert!(parse_duration_ms(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_until("+1m", 1000).unwrap(), 61_000);
+        assert_eq!(
+            parse_until("2026-12-02T05:00:00Z", 0).unwrap(),
+            1_796_187_600_000
+        );
+        assert!(parse_until("tomorrow", 0).is_err());
+    }
+}
