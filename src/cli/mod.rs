@@ -426,6 +426,16 @@ fn error_text(err: &LoopxError, format: Format) -> (Option<String>, String) {
         }
     }
     let stdout = (format == Format::Json).then(|| {
+        let mut error =
+            serde_json::json!({"kind": err.kind(), "exit_code": err.exit_code(), "message": message});
+        // A sandbox failure says which limit or fault stopped the plugin as a field, so a
+        // script branches on it without reading the message.
+        if let Some(plugin) = err
+            .cause()
+            .and_then(|c| c.downcast_ref::<crate::plugin::error::PluginError>())
+        {
+            error["plugin_failure"] = serde_json::json!(plugin.kind());
+        }
         let value = serde_json::json!({
             "schema_version": output::CLI_SCHEMA,
             "ok": false,
@@ -479,13 +489,3 @@ mod tests {
         );
     }
 }
-        let mut error =
-            serde_json::json!({"kind": err.kind(), "exit_code": err.exit_code(), "message": message});
-        // A sandbox failure says which limit or fault stopped the plugin as a field, so a
-        // script branches on it without reading the message.
-        if let Some(plugin) = err
-            .cause()
-            .and_then(|c| c.downcast_ref::<crate::plugin::error::PluginError>())
-        {
-            error["plugin_failure"] = serde_json::json!(plugin.kind());
-        }
