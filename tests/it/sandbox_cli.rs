@@ -239,6 +239,8 @@ fn sandbox_failure_exit_code_and_message() {
         msg.contains("hostile/cap") && msg.contains("3000000"),
         "{msg}"
     );
+    // The limit that stopped the guest is a field, not only words in the message.
+    assert_eq!(err["error"]["plugin_failure"], "fuel_exhausted", "{err}");
     assert!(
         out.stderr.contains("[hostile/cap info] line 0"),
         "plugin log not shown: {}",
@@ -260,8 +262,20 @@ fn sandbox_failure_exit_code_and_message() {
         "",
         "",
     );
-    let refused = p.run(&["extension", "install", net.to_str().unwrap()]);
+    let refused = p.run(&[
+        "--format",
+        "json",
+        "extension",
+        "install",
+        net.to_str().unwrap(),
+    ]);
     assert_eq!(refused.code, 1);
+    assert_eq!(
+        refused.json()["error"]["plugin_failure"],
+        "import_not_granted",
+        "{}",
+        refused.stdout
+    );
     assert!(
         refused.stderr.contains("wasi:sockets"),
         "{}",
