@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{LoopxError, NextAction, Result, msg, not_found};
+use crate::error::{LoopxError, NextAction, Param, Result, msg, not_found};
 
 pub const STATE_DIR: &str = ".loopx";
 pub const DB_FILE: &str = "loopx.db";
@@ -44,12 +44,15 @@ impl ProjectPaths {
                 return Ok(paths);
             }
             paths.refuse_lost_database()?;
-            return Err(not_found(format!(
-                "no LoopX project at {} (missing {}); run `loopx init --root {}` first",
-                paths.project.display(),
-                paths.db().display(),
-                paths.project.display()
-            )));
+            return Err(not_found(msg![
+                format!(
+                    "no LoopX project at {} (missing {}); run ",
+                    paths.project.display(),
+                    paths.db().display()
+                ),
+                NextAction::InitProject,
+                format!(" in {} first", paths.project.display())
+            ]));
         }
         let mut dir = Some(cwd);
         while let Some(d) = dir {
@@ -62,10 +65,16 @@ impl ProjectPaths {
             candidate.refuse_lost_database()?;
             dir = d.parent();
         }
-        Err(not_found(format!(
-            "no LoopX project found in {} or any parent; run `loopx init` there, or pass --root / set LOOPX_ROOT",
-            cwd.display()
-        )))
+        Err(not_found(msg![
+            format!(
+                "no LoopX project found in {} or any parent; run ",
+                cwd.display()
+            ),
+            NextAction::InitProject,
+            " there, or pass ",
+            Param::Root,
+            " / set LOOPX_ROOT"
+        ]))
     }
 
     /// Refuses a `.loopx/` directory whose database is gone (exit 5): searching on upward, or

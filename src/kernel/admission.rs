@@ -270,7 +270,7 @@ fn apply(
                         source
                             .agent_id
                             .as_deref()
-                            .unwrap_or("none: invoked without --agent-id")
+                            .unwrap_or("none: invoked without an agent")
                     )));
                 }
                 (true, None) => {

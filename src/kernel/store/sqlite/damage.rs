@@ -33,7 +33,7 @@ pub fn mark_damaged(db: &Path, detail: &str) {
     let text = format!(
         "SQLite reported damage in {} at {} ms since the epoch:\n{detail}\n\
          Writes refuse while this file exists. Restore the database from a backup, then run \
-         `loopx doctor`, which removes this file once the database checks healthy.\n",
+         the doctor command, which removes this file once the database checks healthy.\n",
         db.display(),
         crate::clock::now_ms()
     );
