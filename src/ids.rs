@@ -41,9 +41,16 @@ pub fn new_ulid() -> String {
 }
 
 /// A readable id derived from free text ("Fix the flaky test!" -> "fix-the-flaky-test").
+///
+/// Text in any script is transliterated to ASCII first ("Починить сборку" -> "pochinit-sborku",
+/// "修复构建" -> "xiu-fu-gou-jian", "🚀" -> "rocket"), so the id stays a token [`validate_token`]
+/// accepts, one anyone can type in a shell and that names the same directory on every
+/// filesystem (no Unicode normalization to disagree about). Only text with nothing to
+/// transliterate falls back to "goal".
 pub fn slug(text: &str, max_len: usize) -> String {
+    let ascii = deunicode::deunicode_with_tofu(text, " ");
     let mut out = String::new();
-    for ch in text.chars().flat_map(char::to_lowercase) {
+    for ch in ascii.chars().flat_map(char::to_lowercase) {
         if ch.is_ascii_alphanumeric() {
             out.push(ch);
         } else if !out.is_empty() && !out.ends_with('-') {
@@ -100,5 +107,22 @@ mod tests {
         assert_eq!(slug("Fix the flaky test!", 40), "fix-the-flaky-test");
         assert_eq!(slug("!!!", 40), "goal");
         assert_eq!(slug("abc def ghi", 5), "abc-d");
+    }
+
+    #[test]
+    fn slugs_of_titles_in_other_scripts_are_meaningful_tokens() {
+        for (title, id) in [
+            ("Починить сборку", "pochinit-sborku"),
+            ("修复构建", "xiu-fu-gou-jian"),
+            ("إصلاح البناء", "slh-lbn"),
+            ("🚀🔥", "rocket-fire"),
+            ("Fix 日本 build", "fix-ri-ben-build"),
+        ] {
+            let got = slug(title, 40);
+            assert_eq!(got, id, "{title}");
+            assert!(validate_token("goal id", &got).is_ok(), "{got}");
+        }
+        // Nothing to transliterate (a private-use character, combining marks alone).
+        assert_eq!(slug("\u{E000}\u{301}", 40), "goal");
     }
 }

@@ -9,7 +9,7 @@
 use clap::Parser;
 
 use super::output::Format;
-use super::{Cli, Command, Context, Nested, dispatch, error_text};
+use super::{Cli, Command, Context, Nested, argument_error_text, dispatch, error_text};
 use crate::error::{LoopxError, Result, refused};
 use crate::paths::ProjectPaths;
 use crate::turn::channel::{self, ChannelResponse, TurnIdentity};
@@ -49,11 +49,12 @@ pub fn serve(paths: &ProjectPaths, identity: &TurnIdentity, argv: &[String]) -> 
     ) {
         Ok(cli) => cli,
         Err(e) => {
-            let text = e.render().to_string();
             let (stdout, stderr, code) = if e.use_stderr() {
-                (String::new(), crate::inert::text(&text).into_owned(), 2)
+                let args = std::iter::once("loopx".into()).chain(argv.iter().map(Into::into));
+                let (stdout, stderr) = argument_error_text(&e, args);
+                (stdout.unwrap_or_default(), stderr, 2)
             } else {
-                (text, String::new(), 0)
+                (e.render().to_string(), String::new(), 0)
             };
             return ChannelResponse {
                 code,
@@ -97,7 +98,8 @@ fn served(command: &Command) -> Result<()> {
         | Command::Reward(_)
         | Command::SummaryAll(_)
         | Command::Status(_)
-        | Command::Probe(_) => return Ok(()),
+        | Command::Probe(_)
+        | Command::Completions(_) => return Ok(()),
         Command::Init(_) => "init",
         Command::StartGoal(_) => "start-goal",
         Command::Doctor(_) => "doctor",
@@ -107,6 +109,8 @@ fn served(command: &Command) -> Result<()> {
         Command::Capability(_) => "capability",
         Command::Provider(_) => "provider",
         Command::Backup(_) => "backup",
+        // `man --out` writes files with the driver's rights, outside the host's isolation.
+        Command::Man(_) => "man",
     };
     Err(refused(format!(
         "`loopx {name}` is not available inside a turn: a host works its todo through the agent \

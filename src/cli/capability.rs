@@ -23,6 +23,7 @@ pub enum CapabilityCommand {
     Invoke {
         /// `<extension>/<capability>`.
         cap: String,
+        /// The goal the capability observes and proposes for.
         #[arg(long)]
         goal_id: String,
         /// The agent on whose behalf it runs (admission checks leases against it).

@@ -40,6 +40,7 @@ pub enum ExtensionCommand {
     New {
         /// Extension (and crate) name.
         name: String,
+        /// What the scaffold builds: a capability or a provider.
         #[arg(long, value_enum)]
         kind: KindArg,
         /// Parent directory (default: the working directory).
@@ -57,21 +58,39 @@ pub enum ExtensionCommand {
     /// Installed extensions.
     List,
     /// One extension: manifest, grants, components, limits, revisions.
-    Inspect { id: String },
+    Inspect {
+        /// The extension id (its manifest name, as `extension list` shows it).
+        id: String,
+    },
     /// Allow an installed extension's components to run.
-    Enable { id: String },
+    Enable {
+        /// The extension id.
+        id: String,
+    },
     /// Stop an installed extension's components from running (nothing is deleted).
-    Disable { id: String },
+    Disable {
+        /// The extension id.
+        id: String,
+    },
     /// Install a new revision of an installed extension (grants kept unless --grant is given).
     Upgrade {
+        /// Directory holding the new revision's extension.toml.
         dir: PathBuf,
+        /// Grant a declared permission: fs.read:<name>=<dir>, fs.write:<name>=<dir>, env:<VAR>
+        /// (default: keep the current grants).
         #[arg(long = "grant", value_name = "PERM")]
         grants: Vec<String>,
     },
     /// Re-activate the previous revision.
-    Rollback { id: String },
+    Rollback {
+        /// The extension id.
+        id: String,
+    },
     /// Forget the extension and delete its files; goal state is untouched.
-    Remove { id: String },
+    Remove {
+        /// The extension id.
+        id: String,
+    },
 }
 
 fn components_json(rec: &ExtensionRecord) -> Vec<serde_json::Value> {

@@ -139,6 +139,14 @@ const QUOTED_CHARS: usize = 32;
 /// value cut to [`QUOTED_CHARS`] characters (a 300-digit number is described, not repeated; the
 /// caller makes the whole message inert). `None` for every other error, which clap renders.
 pub fn render_value_error(e: &clap::Error) -> Option<String> {
+    let (flag, value, reason) = value_error_parts(e)?;
+    let value = value.map(|v| quoted(&v)).unwrap_or_default();
+    Some(format!("error: {flag}{value} {reason}\n"))
+}
+
+/// The flag, the exact value and the reason of a value a parser above refused; `None` for
+/// every other error. JSON error messages quote the value whole: JSON keeps the exact text.
+pub fn value_error_parts(e: &clap::Error) -> Option<(String, Option<String>, String)> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     if e.kind() != ErrorKind::ValueValidation {
         return None;
@@ -149,10 +157,10 @@ pub fn render_value_error(e: &clap::Error) -> Option<String> {
         _ => return None,
     };
     let value = match e.get(ContextKind::InvalidValue) {
-        Some(ContextValue::String(v)) => quoted(v),
-        _ => String::new(),
+        Some(ContextValue::String(v)) => Some(v.clone()),
+        _ => None,
     };
-    Some(format!("error: {flag}{value} {reason}\n"))
+    Some((flag, value, reason))
 }
 
 /// ` '<value>'`, or its first [`QUOTED_CHARS`] characters and its length when longer.

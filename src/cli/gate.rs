@@ -15,18 +15,22 @@ use crate::model::GateScope;
 pub enum GateCommand {
     /// Open gates and user actions of a goal.
     List {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
     },
     /// Resolve a gate (approve by default, or --reject). Refused inside an agent turn.
     Resolve {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The todo (its id within the goal, e.g. t1).
         #[arg(long)]
         todo_id: String,
         /// Reject instead of approve: the gate is archived and work depending on it stays held.
         #[arg(long)]
         reject: bool,
+        /// Why it was approved or rejected (recorded with the resolution).
         #[arg(long)]
         comment: Option<String>,
     },

@@ -16,6 +16,7 @@ use crate::model::{Goal, GoalStatus};
 pub enum GoalCommand {
     /// Create a goal.
     Create {
+        /// The goal's title, one line; the id is derived from it unless --id is given.
         #[arg(long)]
         title: String,
         /// What success looks like, in prose (default: the title).
@@ -35,21 +36,25 @@ pub enum GoalCommand {
     List,
     /// Show one goal with its todos.
     Show {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
     },
     /// Close a goal for good (operators only).
     Close {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
     },
     /// Pause a goal: no new claims or turns (operators only).
     Pause {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
     },
     /// Resume a paused goal (operators only).
     Resume {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
     },

@@ -10,8 +10,10 @@ use crate::kernel::projection::run_json;
 
 #[derive(Debug, clap::Args)]
 pub struct HistoryArgs {
+    /// The goal (its id, as `goal list` shows it).
     #[arg(long)]
     pub goal_id: String,
+    /// Most runs to show, newest first (1..=1000).
     #[arg(long, default_value_t = 20, allow_hyphen_values = true, value_parser = super::flags::limit)]
     pub limit: usize,
     /// Page back: only runs older than this run id.

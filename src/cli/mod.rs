@@ -6,6 +6,7 @@
 mod agent_channel;
 mod backup;
 mod capability;
+mod completions;
 mod doctor;
 mod extension;
 mod flags;
@@ -14,6 +15,7 @@ mod goal;
 mod history;
 mod init;
 mod loop_cmd;
+mod man;
 mod next_action;
 pub mod output;
 mod probe;
@@ -53,6 +55,13 @@ pub struct Cli {
     /// Output format.
     #[arg(long, global = true, value_enum, default_value = "text")]
     pub format: Format,
+    /// Print less: no progress or per-turn lines on stderr; the command's output, errors and
+    /// warnings are still printed.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Print more on stderr: the project used and how long the command took.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -104,6 +113,10 @@ pub enum Command {
     Capability(Nested<capability::CapabilityCommand>),
     /// Call a provider once and print its observation.
     Provider(Nested<provider::ProviderCommand>),
+    /// Print the shell completion script for bash, zsh, fish, powershell or elvish.
+    Completions(completions::CompletionsArgs),
+    /// Print the manual page (roff), or write one page per command with --out DIR.
+    Man(man::ManArgs),
 }
 
 // A command group (`goal`, `todo`, `quota`, ...) as an argument struct rather than a
@@ -117,11 +130,22 @@ pub struct Nested<T: Subcommand> {
     pub command: T,
 }
 
+/// How much a command prints beside its output (`-q`, `-v`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verbosity {
+    /// No progress, no per-turn or log lines; errors and warnings only.
+    Quiet,
+    Normal,
+    /// Also the project used and the command's duration.
+    Verbose,
+}
+
 /// What every command may need: where to find the project, who is calling, and the project's
 /// kernel, opened on first use and kept for the rest of the process.
 pub struct Context {
     pub root: Option<PathBuf>,
     pub cwd: PathBuf,
+    pub verbosity: Verbosity,
     /// `LOOPX_TURN_KEY`: set by the turn driver for the agent host it runs.
     pub turn_key: Option<String>,
     /// `LOOPX_AGENT_ID`: the agent identity of this process, when it has one.
@@ -135,13 +159,14 @@ pub struct Context {
 }
 
 impl Context {
-    fn from_env(root: Option<PathBuf>) -> Result<Context> {
+    fn from_env(root: Option<PathBuf>, verbosity: Verbosity) -> Result<Context> {
         let cwd = std::env::current_dir()
             .map_err(|e| LoopxError::internal("reading the working directory", e))?;
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         Ok(Context {
             root,
             cwd,
+            verbosity,
             turn_key: var("LOOPX_TURN_KEY"),
             env_agent_id: var("LOOPX_AGENT_ID"),
             env_claim_key: var("LOOPX_CLAIM_KEY"),
@@ -155,11 +180,35 @@ impl Context {
         Context {
             root: Some(paths.project.clone()),
             cwd: paths.project.clone(),
+            verbosity: Verbosity::Normal,
             turn_key: Some(identity.turn_key.clone()),
             env_agent_id: Some(identity.agent_id.clone()),
             env_claim_key: Some(identity.claim_key.clone()),
             turn: Some(identity.clone()),
             kernel: OnceCell::new(),
+        }
+    }
+
+    /// A progress line on stderr for long work (compiling a component, waiting for work): only
+    /// when stderr is a terminal a person watches, never with `--quiet`, never into a log or a
+    /// pipe a script reads.
+    pub fn progress(&self, text: &str) {
+        use std::io::{IsTerminal, Write};
+        let err = std::io::stderr();
+        if self.verbosity != Verbosity::Quiet && err.is_terminal() {
+            let _ = writeln!(err.lock(), "loopx: {}", crate::inert::line(text));
+        }
+    }
+
+    /// A detail line on stderr with `--verbose` (the project used, timings).
+    pub fn detail(&self, text: &str) {
+        use std::io::Write;
+        if self.verbosity == Verbosity::Verbose {
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "loopx: {}",
+                crate::inert::line(text)
+            );
         }
     }
 
@@ -270,6 +319,8 @@ fn dispatch(ctx: &Context, command: Command, wasm: WasmDispatch) -> Result<Outpu
         Command::Probe(Nested { command: cmd }) => probe::run(ctx, cmd),
         Command::Doctor(args) => doctor::run(ctx, args),
         Command::Backup(args) => backup::run(ctx, args),
+        Command::Completions(args) => completions::run(args),
+        Command::Man(args) => man::run(ctx, args),
         Command::Turn(_)
         | Command::Loop(_)
         | Command::Extension(_)
@@ -322,21 +373,20 @@ pub fn main(wasm: WasmDispatch) -> i32 {
     if let Some(code) = agent_channel::forward_if_inside_turn() {
         return code;
     }
+    let started = std::time::Instant::now();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) if e.use_stderr() => {
-            // clap echoes the offending argument as typed: the error goes out as plain text made
-            // inert (help and version, which hold only our own text, keep clap's styling below).
-            use std::io::Write;
-            let text = flags::render_value_error(&e).unwrap_or_else(|| e.render().to_string());
-            let _ = write!(std::io::stderr(), "{}", crate::inert::text(&text));
-            // clap uses 2 for usage errors, which is also our "bad input" code.
-            return 2;
-        }
+        Err(e) if e.use_stderr() => return argument_error(&e, std::env::args_os()),
         Err(e) => {
+            // `--help` and `--version`: clap's own text, unchanged by `--format`.
             let _ = e.print();
-            return if e.use_stderr() { 2 } else { 0 };
+            return 0;
         }
+    };
+    let verbosity = match (cli.quiet, cli.verbose) {
+        (true, _) => Verbosity::Quiet,
+        (false, true) => Verbosity::Verbose,
+        (false, false) => Verbosity::Normal,
     };
     let mut format = cli.format;
     if let Command::ProjectPrompt(Nested {
@@ -345,7 +395,7 @@ pub fn main(wasm: WasmDispatch) -> i32 {
     {
         format = Format::Json;
     }
-    let ctx = match Context::from_env(cli.root) {
+    let ctx = match Context::from_env(cli.root, verbosity) {
         Ok(ctx) => ctx,
         Err(err) => {
             report_error(&err, format);
@@ -379,8 +429,84 @@ pub fn main(wasm: WasmDispatch) -> i32 {
             err.exit_code()
         }
     };
+    if ctx.verbosity == Verbosity::Verbose {
+        if let Some(paths) = ctx.kernel.get().and(ctx.paths().ok()) {
+            ctx.detail(&format!("project {}", paths.project.display()));
+        }
+        let ms = started.elapsed().as_secs_f64() * 1000.0;
+        ctx.detail(&format!("exit {code} after {ms:.1} ms"));
+    }
     ctx.release_at_exit();
     code
+}
+
+/// Reports an argument error (unknown flag, missing value, bad enum value) with exit 2, the
+/// code of bad input. With `--format json` anywhere on the command line it is the JSON error
+/// envelope every other error prints; otherwise clap's text. Either way the text is made inert,
+/// as clap echoes the offending argument as typed.
+fn argument_error(e: &clap::Error, args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
+    let (stdout, stderr) = argument_error_text(e, args);
+    if let Some(text) = stdout {
+        let _ = write_stdout(&text);
+    }
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(stderr.as_bytes());
+    2
+}
+
+/// What an argument error prints: the JSON envelope for stdout when JSON was asked for, and the
+/// text for stderr (clap's whole text otherwise).
+fn argument_error_text(
+    e: &clap::Error,
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> (Option<String>, String) {
+    let text = flags::render_value_error(e).unwrap_or_else(|| e.render().to_string());
+    if json_requested(args) {
+        let message = match flags::value_error_parts(e) {
+            Some((flag, Some(value), reason)) => format!("{flag} '{value}' {reason}"),
+            _ => argument_error_message(&text),
+        };
+        error_text(&crate::error::bad_input(message), Format::Json)
+    } else {
+        (None, crate::inert::text(&text).into_owned())
+    }
+}
+
+/// Whether the command line asks for `--format json` (`--format json` or `--format=json`), read
+/// from the raw arguments because parsing them is what failed. Arguments after `--` belong to a
+/// host's argv and do not count.
+fn json_requested(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    let mut previous_was_format = false;
+    for arg in args.into_iter().skip(1) {
+        let Some(arg) = arg.to_str() else {
+            previous_was_format = false;
+            continue;
+        };
+        if arg == "--" {
+            return false;
+        }
+        if (previous_was_format && arg == "json") || arg == "--format=json" {
+            return true;
+        }
+        previous_was_format = arg == "--format";
+    }
+    false
+}
+
+/// clap's rendered error as one message: the error line without its `error: ` prefix, then its
+/// tips and the usage line, joined with `; ` (the pointer to `--help` left out).
+fn argument_error_message(rendered: &str) -> String {
+    rendered
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+        .map(|l| l.strip_prefix("error: ").unwrap_or(l))
+        .map(|l| match l.strip_prefix("Usage: ") {
+            Some(usage) => format!("usage: {usage}"),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Writes a command's output. A reader that went away (`loopx ... | head -1`) is not an error:

@@ -8,15 +8,11 @@
 //! renderers below pass every piece of it through [`crate::inert`] as they write it, so no
 //! command can forget to, and JSON (rendered from `value`) keeps the exact text.
 //!
-//! Blocks hold the exact text, which may come from agents and plugins; the text and Markdown
-//! renderers below pass every piece of it through [`crate::inert`] as they write it, so no
-//! command can forget to, and JSON (rendered from `value`) keeps the exact text.
-//!
-//! Blocks hold the exact text, which may come from agents and plugins; the text and Markdown
-//! renderers below pass every piece of it through [`crate::inert`] as they write it, so no
-//! command can forget to, and JSON (rendered from `value`) keeps the exact text.
+//! Text tables are aligned by display width (`unicode-width`), not by characters: a CJK
+//! character or an emoji takes two columns of a terminal.
 
 use serde_json::Value;
+use unicode_width::UnicodeWidthStr;
 
 use crate::inert;
 
@@ -40,6 +36,9 @@ pub enum Block {
     },
     Para(String),
     List(Vec<String>),
+    /// Text the program itself generated (a completion script, a manual page), printed exactly
+    /// as it is in text and Markdown. Never external text: that would bypass [`crate::inert`].
+    Verbatim(String),
 }
 
 /// What a command prints.
@@ -87,6 +86,10 @@ impl Output {
         self.blocks.push(Block::List(items));
         self
     }
+    pub fn verbatim(mut self, text: String) -> Output {
+        self.blocks.push(Block::Verbatim(text));
+        self
+    }
 
     pub fn render(&self, format: Format) -> String {
         match format {
@@ -119,10 +122,13 @@ fn render_text(blocks: &[Block]) -> String {
                 out.push('\n');
             }
             Block::Fields(fields) => {
-                let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-                for (k, v) in fields {
-                    let (k, v) = (inert::line(k), inert::line(v));
-                    out.push_str(&format!("  {k:<width$}  {v}\n"));
+                let fields: Vec<_> = fields
+                    .iter()
+                    .map(|(k, v)| (inert::line(k), inert::line(v)))
+                    .collect();
+                let width = fields.iter().map(|(k, _)| k.width()).max().unwrap_or(0);
+                for (k, v) in &fields {
+                    out.push_str(&format!("  {}  {v}\n", pad(k, width)));
                 }
             }
             Block::Table { headers, rows } => {
@@ -137,16 +143,17 @@ fn render_text(blocks: &[Block]) -> String {
                 };
                 let (headers, rows) = (cells(headers), rows.iter().map(|r| cells(r)));
                 let rows: Vec<Vec<String>> = rows.collect();
-                let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+                let mut widths: Vec<usize> = headers.iter().map(|h| h.width()).collect();
                 for row in &rows {
                     for (w, cell) in widths.iter_mut().zip(row) {
-                        *w = (*w).max(cell.chars().count());
+                        *w = (*w).max(cell.width());
                     }
                 }
                 let line = |cells: &[String]| {
                     let mut s = String::from(" ");
                     for (cell, w) in cells.iter().zip(&widths) {
-                        s.push_str(&format!(" {cell:<w$}"));
+                        s.push(' ');
+                        s.push_str(&pad(cell, *w));
                     }
                     s.trim_end().to_string() + "\n"
                 };
@@ -164,9 +171,18 @@ fn render_text(blocks: &[Block]) -> String {
                     out.push_str(&format!("  - {}\n", inert::line(item)));
                 }
             }
+            Block::Verbatim(text) => out.push_str(text),
         }
     }
     out
+}
+
+/// `text` followed by spaces up to `width` terminal columns (its display width, not its
+/// character count).
+fn pad(text: &str, width: usize) -> String {
+    let mut s = text.to_string();
+    s.extend(std::iter::repeat_n(' ', width.saturating_sub(text.width())));
+    s
 }
 
 /// A table cell on one line: multi-line values (evidence, plugin output) would break the columns.
@@ -221,6 +237,7 @@ fn render_markdown(blocks: &[Block]) -> String {
                 }
                 out.push('\n');
             }
+            Block::Verbatim(text) => out.push_str(text),
         }
     }
     out

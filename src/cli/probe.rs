@@ -12,15 +12,19 @@ use crate::error::Result;
 pub enum ProbeCommand {
     /// Store the next probe (or clear it with --clear).
     Set {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The probe: a check to run next, stored as text and shown, never executed.
         #[arg(long, required_unless_present = "clear", value_parser = super::flags::probe_text)]
         text: Option<String>,
+        /// Remove the stored probe.
         #[arg(long, conflicts_with = "text")]
         clear: bool,
     },
     /// Show the stored probe.
     Show {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
     },

@@ -16,18 +16,22 @@ use crate::model::GoalStatus;
 pub enum ProjectPromptCommand {
     /// Create a goal (alias of `goal create --title --objective`).
     Create {
+        /// The goal's title.
         #[arg(long)]
         title: String,
+        /// What success looks like (the goal's objective; default: the title).
         #[arg(long)]
         description: Option<String>,
     },
     /// List goals; `--json` prints a JSON array whose items carry `id`.
     List {
+        /// Print a JSON array of goals (same as --format json, in the seed's shape).
         #[arg(long)]
         json: bool,
     },
     /// Close a goal (alias of `goal close`).
     Close {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
     },

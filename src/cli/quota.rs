@@ -15,57 +15,72 @@ pub enum QuotaCommand {
     /// Decide whether this agent may run a turn now, and what exactly to run. Writes nothing.
     #[command(name = "should-run")]
     ShouldRun {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The agent asking (default: LOOPX_AGENT_ID, then "agent").
         #[arg(long)]
         agent_id: Option<String>,
     },
     /// Record compute spent, once per effect id (default: the latest run of the goal/agent).
     #[command(name = "spend-slot")]
     SpendSlot {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The agent that spent the compute (default: LOOPX_AGENT_ID, then "agent").
         #[arg(long)]
         agent_id: Option<String>,
+        /// Slots to record (1..=10000).
         #[arg(long, default_value_t = 1, allow_hyphen_values = true, value_parser = super::flags::slots)]
         slots: i64,
+        /// Names the spend so a retry counts once (default: the latest run of the goal and agent).
         #[arg(long)]
         effect_id: Option<String>,
     },
     /// Cancel an earlier spend (operators only).
     #[command(name = "void-slot")]
     VoidSlot {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The effect id of the spend to cancel.
         #[arg(long)]
         effect_id: String,
     },
     /// Set the goal's quota policy (operators only).
     Set {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
         /// Share of the window automatic turns may use; 0 pauses them.
         #[arg(long, allow_hyphen_values = true, value_parser = super::flags::compute)]
         compute: Option<f64>,
+        /// Length of the rolling window in hours.
         #[arg(long, allow_hyphen_values = true, value_parser = super::flags::window_hours)]
         window_hours: Option<f64>,
+        /// Minutes of compute one slot stands for.
         #[arg(long, allow_hyphen_values = true, value_parser = super::flags::slot_minutes)]
         slot_minutes: Option<f64>,
         /// Explicit slots per window (overrides compute/window/slot).
         #[arg(long, conflicts_with = "clear_allowed_slots", allow_hyphen_values = true, value_parser = super::flags::slot_count)]
         allowed_slots: Option<i64>,
+        /// Remove the explicit --allowed-slots (slots follow compute/window/slot again).
         #[arg(long)]
         clear_allowed_slots: bool,
         /// Most slots one agent may spend per window.
         #[arg(long, conflicts_with = "clear_per_agent_cap", allow_hyphen_values = true, value_parser = super::flags::slot_count)]
         per_agent_cap: Option<i64>,
+        /// Remove the per-agent cap.
         #[arg(long)]
         clear_per_agent_cap: bool,
     },
     /// Policy, spent slots and recent ledger rows.
     Show {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// Also show this agent's spend against the per-agent cap.
         #[arg(long)]
         agent_id: Option<String>,
     },

@@ -14,6 +14,7 @@ pub struct RefreshStateArgs {
     /// The goal to record a run for; omit to re-create all projections (no run is recorded).
     #[arg(long)]
     pub goal_id: Option<String>,
+    /// The agent the run is recorded for (default: LOOPX_AGENT_ID, then "agent").
     #[arg(long)]
     pub agent_id: Option<String>,
     /// The todo this run worked on.
@@ -25,6 +26,7 @@ pub struct RefreshStateArgs {
     /// e.g. outcome_progress, primary_goal_outcome.
     #[arg(long)]
     pub outcome: Option<String>,
+    /// One-paragraph summary of the run, shown in history and the run report.
     #[arg(long)]
     pub summary: Option<String>,
 }

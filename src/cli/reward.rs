@@ -12,12 +12,16 @@ use crate::error::Result;
 pub enum RewardCommand {
     /// Score a run (operators only).
     Add {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The run to score (a run id from `history`).
         #[arg(long)]
         run_id: String,
+        /// The score, a finite number in -1000000..=1000000 (higher is better).
         #[arg(long, allow_hyphen_values = true, value_parser = super::flags::score)]
         score: f64,
+        /// Why this score (free text).
         #[arg(long, default_value = "")]
         comment: String,
     },

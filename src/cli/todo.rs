@@ -18,7 +18,8 @@ use crate::model::{
     GateScope, Monitor, MonitorFollowUp, Priority, ProbeSpec, Todo, TodoKind, TodoStatus,
 };
 
-/// How an agent proves it holds a todo's lease.
+// How an agent proves it holds a todo's lease. A plain comment: clap would show a doc comment here
+// as the description of every command that flattens it.
 #[derive(Debug, Args)]
 pub struct AgentProof {
     /// The agent making the write (default: LOOPX_AGENT_ID; without either, the operator writes).
@@ -37,22 +38,29 @@ pub struct AgentProof {
 pub enum TodoCommand {
     /// Add a todo (or a gate, with --kind user_gate/user_action).
     Add {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
         /// What to do. A leading [P0]..[P4] sets the priority.
         #[arg(long, alias = "text")]
         title: String,
+        /// Longer description of the work (free text).
         #[arg(long, default_value = "")]
         detail: String,
+        /// P0 (most urgent) to P4; a leading [Pn] in the title sets it too.
         #[arg(long, value_parser = Priority::parse)]
         priority: Option<Priority>,
+        /// task, monitor, user_gate (an operator decision that blocks work) or user_action (a
+        /// step only a person can take).
         #[arg(long, value_parser = TodoKind::parse, default_value = "task")]
         kind: TodoKind,
         /// Todo ids this one waits for; repeat for several.
         #[arg(long = "depends-on")]
         depends_on: Vec<String>,
+        /// Capability a turn on this todo uses: <extension>/<capability> or builtin:default.
         #[arg(long, value_parser = super::flags::capability)]
         capability: Option<String>,
+        /// Free-form lane label, for grouping todos that may run side by side.
         #[arg(long)]
         lane: Option<String>,
         /// Explicit todo id (default: t<N>).
@@ -72,26 +80,34 @@ pub enum TodoCommand {
     },
     /// List a goal's todos.
     List {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// Only todos in this status: open, claimed, blocked, deferred, completed, archived.
         #[arg(long, value_parser = TodoStatus::parse)]
         status: Option<TodoStatus>,
     },
     /// Show one todo with its evidence.
     Show {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The todo (its id within the goal, e.g. t1).
         #[arg(long)]
         todo_id: String,
     },
     /// Lease a todo (or, without --todo-id, the highest-priority ready one).
     Claim {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The todo to lease (default: the highest-priority ready one).
         #[arg(long)]
         todo_id: Option<String>,
+        /// The agent taking the lease (default: LOOPX_AGENT_ID, then "agent").
         #[arg(long)]
         agent_id: Option<String>,
+        /// Lease length in seconds (1..=86400).
         #[arg(long, default_value_t = DEFAULT_TTL_SECONDS, allow_hyphen_values = true, value_parser = super::flags::ttl_seconds)]
         ttl_seconds: u64,
         /// Names the claim: repeating it returns the same lease; it also proves the lease later.
@@ -100,19 +116,24 @@ pub enum TodoCommand {
     },
     /// Extend your lease.
     Renew {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The todo (its id within the goal, e.g. t1).
         #[arg(long)]
         todo_id: String,
         #[command(flatten)]
         proof: AgentProof,
+        /// Lease length in seconds (1..=86400).
         #[arg(long, default_value_t = DEFAULT_TTL_SECONDS, allow_hyphen_values = true, value_parser = super::flags::ttl_seconds)]
         ttl_seconds: u64,
     },
     /// Give a claimed todo back.
     Release {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The todo (its id within the goal, e.g. t1).
         #[arg(long)]
         todo_id: String,
         #[command(flatten)]
@@ -120,18 +141,25 @@ pub enum TodoCommand {
     },
     /// Change status, text or priority, and/or attach evidence.
     Update {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The todo (its id within the goal, e.g. t1).
         #[arg(long)]
         todo_id: String,
+        /// New status: open, claimed, blocked, deferred, completed, archived.
         #[arg(long, value_parser = TodoStatus::parse)]
         status: Option<TodoStatus>,
+        /// Evidence of the work (a command and its result, a commit, a path); stored as given.
         #[arg(long)]
         evidence: Option<String>,
+        /// New title of the todo.
         #[arg(long)]
         title: Option<String>,
+        /// Longer description of the work (free text).
         #[arg(long)]
         detail: Option<String>,
+        /// P0 (most urgent) to P4; a leading [Pn] in the title sets it too.
         #[arg(long, value_parser = Priority::parse)]
         priority: Option<Priority>,
         /// Why the status changed (blocked/deferred).
@@ -144,10 +172,13 @@ pub enum TodoCommand {
     },
     /// Mark a todo completed, with evidence.
     Complete {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The todo (its id within the goal, e.g. t1).
         #[arg(long)]
         todo_id: String,
+        /// Evidence of the work (a command and its result, a commit, a path); stored as given.
         #[arg(long)]
         evidence: Option<String>,
         #[command(flatten)]

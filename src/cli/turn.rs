@@ -15,9 +15,11 @@ use crate::turn::{
     refresh_projection, run_turn,
 };
 
-/// Flags shared by `turn run` and `loop`.
+// Flags shared by `turn run` and `loop`. A plain comment: clap would show a doc comment here as
+// the description of both commands.
 #[derive(Debug, Args)]
 pub struct TurnArgs {
+    /// The goal (its id, as `goal list` shows it).
     #[arg(long)]
     pub goal_id: String,
     /// The agent running the turn (default: LOOPX_AGENT_ID, then "agent").
@@ -75,8 +77,10 @@ impl TurnArgs {
 pub enum TurnCommand {
     /// The route a turn would take now, with its reason and selected todo. Writes nothing.
     Plan {
+        /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
+        /// The agent the plan is for (default: LOOPX_AGENT_ID, then "agent").
         #[arg(long)]
         agent_id: Option<String>,
     },
@@ -94,21 +98,25 @@ pub enum TurnCommand {
     },
     /// Settle every unsettled turn whose driver is gone (resume after its last committed phase).
     Recover {
+        /// Only turns of this goal (default: every goal).
         #[arg(long)]
         goal_id: Option<String>,
     },
     /// Print a turn's journal.
     Inspect {
+        /// The turn's key, as `turn list` or `turn run` printed it.
         #[arg(long)]
         turn_key: String,
     },
     /// The newest turns in the journal, newest first. Writes nothing.
     List {
+        /// Only turns of this goal (default: every goal).
         #[arg(long)]
         goal_id: Option<String>,
         /// Only turns in this journal status: in_progress, committed, stopped, failed.
         #[arg(long)]
         status: Option<String>,
+        /// Most turns to show, newest first (1..=1000).
         #[arg(long, default_value_t = 20, allow_hyphen_values = true, value_parser = super::flags::limit)]
         limit: usize,
     },

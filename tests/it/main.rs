@@ -7,6 +7,7 @@ mod support;
 
 mod broken_machine;
 mod claim_race;
+mod cli_conventions;
 mod crash_kill;
 mod demo;
 mod flag_ranges;

@@ -1,0 +1,387 @@
+//! The command line follows the conventions of the tools its users know: every argument has a
+//! help line, completions and a man page come from the parser's own definition, argument errors
+//! speak JSON under `--format json`, and the documented sequences run as written.
+
+use clap::CommandFactory;
+
+use loopx::cli::Cli;
+
+use crate::support;
+
+/// Every subcommand, flag and positional of the whole tree, built (groups are deferred, so the
+/// tree is built on purpose), each named by its command path.
+fn missing_help(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+    for arg in cmd.get_arguments() {
+        let id = arg.get_id().as_str();
+        if matches!(id, "help" | "version") {
+            continue;
+        }
+        if arg.get_help().is_none() && arg.get_long_help().is_none() {
+            let name = match arg.get_long() {
+                Some(long) => format!("--{long}"),
+                None => format!("<{id}>"),
+            };
+            out.push(format!("{path} {name}"));
+        }
+    }
+    for sub in cmd.get_subcommands() {
+        let sub_path = format!("{path} {}", sub.get_name());
+        if sub.get_name() != "help" && sub.get_about().is_none() && sub.get_long_about().is_none() {
+            out.push(format!("{sub_path} (the command itself)"));
+        }
+        missing_help(sub, &sub_path, out);
+    }
+}
+
+#[test]
+fn every_argument_and_command_has_help() {
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut missing = Vec::new();
+    missing_help(&cmd, "loopx", &mut missing);
+    assert!(
+        missing.is_empty(),
+        "{} arguments or commands have no help line:\n{}",
+        missing.len(),
+        missing.join("\n")
+    );
+}
+
+/// Each command's own help page opens with what the command does: the same line its group lists
+/// for it (a doc comment on a flattened argument struct would replace it, as it once did for
+/// `loop`, `turn run` and the lease commands).
+fn help_opens_with_about(cmd: &mut clap::Command, path: &str, out: &mut Vec<String>) {
+    for sub in cmd.get_subcommands_mut() {
+        if sub.get_name() == "help" {
+            continue;
+        }
+        let sub_path = format!("{path} {}", sub.get_name());
+        let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
+        for (kind, help) in [
+            ("-h", sub.render_help().to_string()),
+            ("--help", sub.render_long_help().to_string()),
+        ] {
+            let first = help.lines().next().unwrap_or("");
+            if about.is_empty() || !first.starts_with(about.trim_end_matches('.')) {
+                out.push(format!(
+                    "{sub_path} {kind}: opens with {first:?}, not {about:?}"
+                ));
+            }
+        }
+        help_opens_with_about(sub, &sub_path, out);
+    }
+}
+
+#[test]
+fn every_help_page_opens_with_what_the_command_does() {
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut wrong = Vec::new();
+    help_opens_with_about(&mut cmd, "loopx", &mut wrong);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn loop_and_turn_run_help_start_with_what_they_do() {
+    let p = support::Project::empty();
+    for (args, opening) in [
+        (&["loop", "--help"][..], "Run turns under a bounded budget"),
+        (&["turn", "run", "--help"][..], "Run one turn:"),
+    ] {
+        let run = p.run(args).ok();
+        assert!(
+            run.stdout.starts_with(opening),
+            "{args:?}: {}",
+            run.stdout.lines().next().unwrap_or("")
+        );
+    }
+}
+
+#[test]
+fn completions_name_the_commands_for_every_shell() {
+    let p = support::Project::empty();
+    let bash = p.run(&["completions", "bash"]).ok();
+    for name in [
+        "todo",
+        "quota",
+        "should-run",
+        "start-goal",
+        "--goal-id",
+        "completions",
+    ] {
+        assert!(bash.stdout.contains(name), "bash script lacks {name}");
+    }
+    assert!(
+        bash.stdout.contains("complete -F _loopx"),
+        "{}",
+        &bash.stdout[..200]
+    );
+    for (shell, marker) in [
+        ("zsh", "#compdef loopx"),
+        ("fish", "complete -c loopx"),
+        ("powershell", "Register-ArgumentCompleter"),
+    ] {
+        let run = p.run(&["completions", shell]).ok();
+        assert!(run.stdout.contains(marker), "{shell}");
+        assert!(
+            run.stdout.contains("should-run"),
+            "{shell} lacks should-run"
+        );
+    }
+    let bad = p.run(&["completions", "tcsh"]);
+    assert_eq!(bad.code, 2, "{bad:?}");
+    // JSON carries the script as data.
+    let json = p
+        .run(&["--format", "json", "completions", "bash"])
+        .ok()
+        .json();
+    assert_eq!(json["shell"], "bash");
+    assert_eq!(json["script"].as_str(), Some(bash.stdout.as_str()));
+}
+
+#[test]
+fn the_man_page_is_roff_and_every_command_gets_one() {
+    let p = support::Project::empty();
+    let page = p.run(&["man"]).ok().stdout;
+    let th = page
+        .lines()
+        .find(|l| !l.starts_with(".ie") && !l.starts_with(".el"))
+        .unwrap_or("");
+    assert!(th.starts_with(".TH loopx 1"), "first request: {th}");
+    assert!(
+        page.contains(".SH SUBCOMMANDS") && page.contains("start\\-goal"),
+        "{page}"
+    );
+    if std::process::Command::new("groff")
+        .arg("--version")
+        .output()
+        .is_ok()
+    {
+        let mut groff = std::process::Command::new("groff")
+            .args(["-man", "-Tutf8", "-ww", "-z"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        groff
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(page.as_bytes())
+            .unwrap();
+        let out = groff.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = p
+        .run(&["--format", "json", "man", "--out", "pages"])
+        .ok()
+        .json();
+    let pages = out["pages"].as_array().unwrap();
+    let dir = p.path().join("pages");
+    for name in [
+        "loopx.1",
+        "loopx-todo.1",
+        "loopx-todo-claim.1",
+        "loopx-quota-should-run.1",
+    ] {
+        let text =
+            std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(text.contains(".TH "), "{name}");
+    }
+    let on_disk = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(pages.len(), on_disk);
+    assert!(on_disk > 60, "{on_disk} pages");
+}
+
+/// Argument errors under `--format json` (before or after the command) print the envelope every
+/// other error prints, on stdout, with exit 2; stderr keeps its one line.
+#[test]
+fn argument_errors_speak_json_when_asked() {
+    let p = support::Project::new();
+    p.goal("g");
+    for args in [
+        &[
+            "--format",
+            "json",
+            "todo",
+            "list",
+            "--goal-id",
+            "g",
+            "--bogus",
+        ][..],
+        &[
+            "todo",
+            "list",
+            "--goal-id",
+            "g",
+            "--format=json",
+            "--status",
+        ][..],
+        &[
+            "todo",
+            "list",
+            "--goal-id",
+            "g",
+            "--status",
+            "nope",
+            "--format",
+            "json",
+        ][..],
+        &["--format", "json", "todo", "list"][..],
+        &[
+            "--format",
+            "json",
+            "reward",
+            "add",
+            "--goal-id",
+            "g",
+            "--run-id",
+            "r",
+            "--score",
+            "NaN",
+        ][..],
+        &["--format", "json", "no-such-command"][..],
+    ] {
+        let run = p.run(args);
+        assert_eq!(run.code, 2, "{args:?}: {run:?}");
+        let v = run.json();
+        assert_eq!(v["ok"], false, "{args:?}");
+        assert_eq!(v["schema_version"], "loopx.cli.v1");
+        assert_eq!(v["error"]["kind"], "bad_input", "{args:?}");
+        assert_eq!(v["error"]["exit_code"], 2);
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            !message.is_empty() && !message.starts_with("error:"),
+            "{message}"
+        );
+        assert!(
+            run.stderr.starts_with("loopx: error: "),
+            "{args:?}: {}",
+            run.stderr
+        );
+    }
+    // The envelope names what was wrong.
+    let unknown = p.run(&[
+        "--format",
+        "json",
+        "todo",
+        "list",
+        "--goal-id",
+        "g",
+        "--bogus",
+    ]);
+    assert!(
+        unknown.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--bogus")
+    );
+    // The same shape as a failure after parsing.
+    let missing = p.run(&["--format", "json", "todo", "list", "--goal-id", "nope"]);
+    let keys = |v: &serde_json::Value| {
+        let mut k: Vec<String> = v["error"].as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&missing.json()), keys(&unknown.json()));
+    // Text mode keeps clap's text; `--format json` after `--` is a host's argument, not ours;
+    // help and version are unchanged by it.
+    let text = p.run(&["todo", "list", "--goal-id", "g", "--bogus"]);
+    assert_eq!(text.code, 2);
+    assert!(text.stdout.is_empty() && text.stderr.starts_with("error: unexpected argument"));
+    let help = p.run(&["--format", "json", "todo", "--help"]).ok();
+    assert!(
+        help.stdout.starts_with("Add, list, claim"),
+        "{}",
+        help.stdout
+    );
+    let version = p.run(&["--format", "json", "--version"]).ok();
+    assert!(version.stdout.starts_with("loopx "), "{}", version.stdout);
+}
+
+/// Tables are aligned by terminal columns: a CJK character or an emoji takes two, so the column
+/// after a wide title starts at the same display column on every row.
+#[test]
+fn tables_align_wide_characters() {
+    use unicode_width::UnicodeWidthStr;
+    let p = support::Project::new();
+    for (id, title) in [
+        ("cjk", "修复构建系统"),
+        ("latin", "plain title"),
+        ("emoji", "🚀 launch"),
+        ("cyrillic", "Починить"),
+    ] {
+        p.ok(&["goal", "create", "--title", title, "--id", id]);
+    }
+    let goals = p.ok(&["goal", "list"]).stdout;
+    // The last column (created) follows the title column.
+    let starts: Vec<usize> = goals
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let last = line.rfind(' ').expect("columns") + 1;
+            UnicodeWidthStr::width(&line[..last])
+        })
+        .collect();
+    assert_eq!(starts.len(), 5, "{goals}");
+    assert!(
+        starts.iter().all(|s| *s == starts[0]),
+        "{starts:?}\n{goals}"
+    );
+}
+
+#[test]
+fn goal_ids_from_titles_in_any_script_are_meaningful() {
+    let p = support::Project::new();
+    for (title, id) in [
+        ("Починить сборку", "pochinit-sborku"),
+        ("修复构建", "xiu-fu-gou-jian"),
+        ("إصلاح البناء", "slh-lbn"),
+        ("🚀🔥", "rocket-fire"),
+    ] {
+        let created = p.json(&["goal", "create", "--title", title]);
+        assert_eq!(created["goal"]["id"], id, "{title}: {created}");
+        // The id is a token every --goal-id check accepts.
+        p.ok(&["goal", "show", "--goal-id", id]);
+        assert!(p.state().join("goals").join(id).is_dir(), "{id}");
+    }
+}
+
+#[test]
+fn summary_all_shows_counts_as_text() {
+    let p = support::Project::new();
+    p.goal("g");
+    p.add_todo("g", "one", &[]);
+    p.add_todo("g", "two", &[]);
+    let text = p.ok(&["summary_all", "--goal-id", "g"]).stdout;
+    let todos = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("todos"))
+        .expect("todos field");
+    assert!(todos.ends_with("agent: 2 open"), "{todos}");
+    assert!(!text.contains('{'), "{text}");
+    // JSON keeps the object.
+    let json = p.json(&["summary_all", "--goal-id", "g"]);
+    assert_eq!(json["todo_counts"]["agent"]["open"], 2);
+}
+
+/// `history --limit` above the page cap is refused with a message naming the cap, not served
+/// with silently fewer rows.
+#[test]
+fn history_limit_above_its_cap_says_so() {
+    let p = support::Project::new();
+    p.goal("g");
+    let run = p.run(&["history", "--goal-id", "g", "--limit", "5000"]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(
+        run.stderr.contains("--limit") && run.stderr.contains("1..=1000"),
+        "{}",
+        run.stderr
+    );
+    p.ok(&["history", "--goal-id", "g", "--limit", "1000"]);
+}
