@@ -124,11 +124,49 @@ impl ProjectPaths {
     pub fn runs_dir(&self, goal_id: &str) -> PathBuf {
         self.goal_dir(goal_id).join("runs")
     }
+    /// A run's JSON report. New reports are sharded by the month in the run id (run ids are
+    /// ULIDs, which begin with their creation time): `runs/<YYYY-MM>/<run-id>.json`, so `runs/`
+    /// holds a dozen entries a year instead of two per run. A report of the flat layout that
+    /// projects wrote before (`runs/<run-id>.json`) is found where it is: this path is the flat
+    /// one when that file exists, so every reader finds both layouts and nothing is written twice.
     pub fn run_json(&self, goal_id: &str, run_id: &str) -> PathBuf {
-        self.runs_dir(goal_id).join(format!("{run_id}.json"))
+        self.run_report(goal_id, run_id, "json")
     }
+    /// A run's Markdown report, beside its JSON report (see [`ProjectPaths::run_json`]).
     pub fn run_md(&self, goal_id: &str, run_id: &str) -> PathBuf {
-        self.runs_dir(goal_id).join(format!("{run_id}.md"))
+        self.run_report(goal_id, run_id, "md")
+    }
+    fn run_report(&self, goal_id: &str, run_id: &str, ext: &str) -> PathBuf {
+        let flat = self.runs_dir(goal_id).join(format!("{run_id}.{ext}"));
+        match run_month(run_id) {
+            Some(month) if !flat.exists() => self
+                .runs_dir(goal_id)
+                .join(month)
+                .join(format!("{run_id}.{ext}")),
+            _ => flat,
+        }
+    }
+    /// Every place a run's report files may be: the sharded pair and the flat pair.
+    pub fn run_report_files(&self, goal_id: &str, run_id: &str) -> Vec<PathBuf> {
+        let runs = self.runs_dir(goal_id);
+        let mut out = Vec::with_capacity(4);
+        if let Some(month) = run_month(run_id) {
+            out.push(runs.join(&month).join(format!("{run_id}.json")));
+            out.push(runs.join(&month).join(format!("{run_id}.md")));
+        }
+        out.push(runs.join(format!("{run_id}.json")));
+        out.push(runs.join(format!("{run_id}.md")));
+        out
+    }
+    /// The mark `loopx gc` leaves for a month whose run report files it removed: reports of
+    /// the month are rendered from the database on demand from then on, never written again.
+    pub fn retired_reports(&self, goal_id: &str, month: &str) -> PathBuf {
+        self.runs_dir(goal_id).join(format!("{month}.retired"))
+    }
+    /// A goal's monthly archive projection (`archive/<YYYY-MM>.json` and `.md`): the work that
+    /// finished in the month, written once when the month leaves the projections' live window.
+    pub fn goal_archive_dir(&self, goal_id: &str) -> PathBuf {
+        self.goal_dir(goal_id).join("archive")
     }
     /// Installed extension components, one directory per extension and revision.
     pub fn extensions_dir(&self) -> PathBuf {
@@ -138,6 +176,15 @@ impl ProjectPaths {
     pub fn component_cache_dir(&self) -> PathBuf {
         self.state.join("cache").join("components")
     }
+}
+
+/// `YYYY-MM` of the time at the start of a ULID run id; `None` for an id that is not a ULID
+/// (a run recorded under another id scheme keeps the flat layout).
+pub fn run_month(run_id: &str) -> Option<String> {
+    let ulid = ulid::Ulid::from_string(run_id).ok()?;
+    let ms = i64::try_from(ulid.timestamp_ms()).ok()?;
+    let date = crate::clock::rfc3339(ms);
+    Some(date[..7].to_string())
 }
 
 fn absolutize(path: &Path, cwd: &Path) -> PathBuf {

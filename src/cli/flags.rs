@@ -29,6 +29,8 @@ pub use crate::kernel::quota::{COMPUTE, SLOT_COUNT, SLOT_MINUTES, WINDOW_HOURS};
 /// `reward add --score` (the kernel's bound).
 pub const SCORE: RangeInclusive<f64> = -1_000_000.0..=1_000_000.0;
 pub use crate::kernel::goal::PROBE_TEXT_BYTES;
+/// The day spans of `gc policy` (the kernel's bound).
+pub const RETENTION_DAYS: RangeInclusive<i128> = 0..=crate::kernel::retention::MAX_DAYS as i128;
 
 fn int_in<T: TryFrom<i128>>(s: &str, range: RangeInclusive<i128>) -> Result<T, String> {
     let (lo, hi) = (range.start(), range.end());
@@ -86,6 +88,9 @@ pub fn max_sleep_seconds(s: &str) -> Result<u64, String> {
 }
 pub fn loop_count(s: &str) -> Result<u32, String> {
     int_in(s, LOOP_COUNT)
+}
+pub fn retention_days(s: &str) -> Result<i64, String> {
+    int_in(s, RETENTION_DAYS)
 }
 pub fn slots(s: &str) -> Result<i64, String> {
     int_in(s, SLOTS)
@@ -215,6 +220,10 @@ mod tests {
     /// has one table row per entry; a new numeric flag fails this test until it gets a range here
     /// and a row there.
     pub const NUMERIC_FLAGS: &[&str] = &[
+        "gc policy --history-days",
+        "gc policy --journal-full-days",
+        "gc policy --live-window-days",
+        "gc policy --report-files-days",
         "history --limit",
         "loop --max-consecutive-failures",
         "loop --max-sleep-seconds",

@@ -11,6 +11,7 @@ mod doctor;
 mod extension;
 mod flags;
 mod gate;
+mod gc;
 mod goal;
 mod history;
 mod init;
@@ -104,6 +105,9 @@ pub enum Command {
     /// Write a consistent copy of the database to a new file (SQLite's online backup).
     Backup(backup::BackupArgs),
     /// Plan, run, recover and inspect bounded agent turns.
+    /// Retention: compact old turn journals, retire old run report files, vacuum (dry run
+    /// unless --apply); `gc policy` shows or sets the policy (operators only).
+    Gc(gc::GcArgs),
     Turn(Nested<turn::TurnCommand>),
     /// Run turns under a bounded budget until done, idle, or interrupted.
     Loop(loop_cmd::LoopArgs),
@@ -360,6 +364,7 @@ pub fn exec_wasm_host(_ctx: &Context, _command: Command) -> Result<Output> {
         .exec();
     Err(crate::error::not_found(format!(
         "cannot run {} ({err}): the WebAssembly commands (turn, loop, extension, capability, \
+        Command::Gc(args) => gc::run(ctx, args),
          provider) run in `{WASM_HOST_BINARY}`, which is installed beside `loopx`; reinstall with \
          `cargo install --path .` or build with `cargo build --release`",
         host.display()

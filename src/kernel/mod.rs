@@ -14,6 +14,7 @@ pub mod goal;
 pub mod monitor;
 pub mod projection;
 pub mod quota;
+pub mod retention;
 pub mod run;
 pub mod status;
 mod store;

@@ -114,3 +114,105 @@ pub struct TurnRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_error: Option<String>,
 }
+
+/// The journal keys [`compact_journal_data`] removes, and why each buys nothing once a turn has
+/// settled: `request` (kept as null) is the JSON the host read on stdin, rebuilt from the todo and goal (its
+/// result-schema text is the same for every turn); `host` and `validation.validator` hold the
+/// processes' stdout and stderr tails (the result the host printed stays parsed in `result`, the
+/// exit of each process in `compacted`; the validation's `detail`, a sentence derived from its
+/// verdict flags, is emptied); `result.observations`/`result.proposals` and
+/// `writeback` are the inputs and report of admission, whose verdicts stay in `compacted` and in
+/// full in the run's payload; `timings_us` is a profile of the live turn. Keys whose value is
+/// null go too, and `orphans_killed` when empty: the journal schema reads them as absent.
+pub const COMPACTED_KEYS: &[&str] = &[
+    "request",
+    "host",
+    "validation.validator",
+    "result.observations",
+    "result.proposals",
+    "writeback",
+    "timings_us",
+];
+
+/// A settled turn's journal `data` reduced to its summary (`loopx gc`): the result kind, phase
+/// and failure, summary and evidence, validation verdict, spend, lease and run id an audit needs,
+/// without [`COMPACTED_KEYS`]. What it keeps reads as the same journal schema (only optional or
+/// defaulted keys are removed), and a `compacted` key records how many bytes the full data had
+/// (the row's `compacted_at` says when), how the host and validator processes exited, and each admission verdict as
+/// `[index, transition, accepted]`. Data that is not a JSON object, or is already compacted,
+/// comes back unchanged.
+pub fn compact_journal_data(data: &serde_json::Value) -> serde_json::Value {
+    use serde_json::{Map, Value, json};
+    let Value::Object(full) = data else {
+        return data.clone();
+    };
+    if full.contains_key("compacted") {
+        return data.clone();
+    }
+    let exit = |p: Option<&Value>| -> Value {
+        let Some(Value::Object(o)) = p else {
+            return Value::Null;
+        };
+        let kept: Map<String, Value> = [
+            "exit_code",
+            "signal",
+            "timed_out",
+            "interrupted",
+            "elapsed_ms",
+            "spawn_error",
+        ]
+        .iter()
+        .filter_map(|k| {
+            o.get(*k)
+                .filter(|v| !v.is_null() && **v != Value::Bool(false))
+                .map(|v| (k.to_string(), v.clone()))
+        })
+        .collect();
+        Value::Object(kept)
+    };
+    let bytes_before = serde_json::to_vec(data).map(|v| v.len()).unwrap_or(0);
+    let mut compacted = Map::new();
+    compacted.insert("bytes_before".into(), json!(bytes_before));
+    compacted.insert("host".into(), exit(full.get("host")));
+    let validator = exit(full.get("validation").and_then(|v| v.get("validator")));
+    if !validator.is_null() {
+        compacted.insert("validator".into(), validator);
+    }
+    if let Some(Value::Object(w)) = full.get("writeback") {
+        let verdicts: Vec<Value> = (w.get("verdicts").and_then(Value::as_array))
+            .into_iter()
+            .flatten()
+            .map(|v| json!([v["index"], v["transition"], v["accepted"]]))
+            .collect();
+        compacted.insert("verdicts".into(), Value::Array(verdicts));
+        if let Some(e) = w.get("error").filter(|e| !e.is_null()) {
+            compacted.insert("writeback_error".into(), e.clone());
+        }
+    }
+    let mut out = full.clone();
+    for key in COMPACTED_KEYS {
+        match key.split_once('.') {
+            None => {
+                out.remove(*key);
+            }
+            Some((outer, inner)) => {
+                if let Some(Value::Object(o)) = out.get_mut(outer) {
+                    o.remove(inner);
+                }
+            }
+        }
+    }
+    out.retain(|_, v| !v.is_null());
+    // The one required key without a default: kept, empty.
+    out.insert("request".to_string(), Value::Null);
+    if let Some(Value::Object(v)) = out.get_mut("validation")
+        && v.contains_key("detail")
+    {
+        v.insert("detail".to_string(), Value::String(String::new()));
+    }
+    if out.get("orphans_killed") == Some(&json!([])) {
+        out.remove("orphans_killed");
+    }
+    out.insert("compacted".to_string(), Value::Object(compacted));
+    Value::Object(out)
+}

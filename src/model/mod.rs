@@ -8,7 +8,9 @@
 mod journal;
 pub mod monitor;
 
-pub use journal::{JournalStatus, Phase, TurnRecord, TurnResultKind};
+pub use journal::{
+    COMPACTED_KEYS, JournalStatus, Phase, TurnRecord, TurnResultKind, compact_journal_data,
+};
 pub use monitor::{CheckResult, Deferral, Monitor, MonitorFollowUp, ProbeSpec};
 
 use serde::{Deserialize, Serialize};

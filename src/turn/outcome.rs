@@ -181,3 +181,82 @@ pub fn stored_outcome(kernel: &mut Kernel, turn_key: &str) -> Result<TurnOutcome
     o.replayed = true;
     Ok(o)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{COMPACTED_KEYS, compact_journal_data};
+
+    /// A settled turn's journal as the driver wrote it (a host with stderr and an observation,
+    /// a validator with output).
+    const SETTLED: &str = r#"{"capability":"builtin:default","claim":{"claim_key":"turn-01M8TE60RDFZHTJKZH5W97VB80","expires_at":1796185722413,"fence":1},"cwd":"/work/p","driver_pid":17529,"failed_phase":null,"failure":null,"host":{"elapsed_ms":13,"exit_code":0,"interrupted":false,"pid":17532,"signal":null,"spawn_error":null,"stderr_tail":"some log\n","stdout":"{\"schema_version\":\"loopx.turn_result.v1\",\"status\":\"progress\",\"summary\":\"worked\",\"evidence\":[{\"text\":\"ev\"}],\"observations\":[{\"kind\":\"k\",\"data\":{\"a\":1}}]}","stdout_bytes":152,"stdout_oversized":false,"stdout_utf8":true,"timed_out":false},"host_argv":["/work/p/host2.sh"],"isolation":"namespace","kind":"validated_progress","lease":"released","orphans_killed":[],"project_root":"/work/p","recovered":false,"request":{"agent_id":"a1","claim":{"claim_key":"turn-01M8TE60RDFZHTJKZH5W97VB80","expires_at":"2026-12-02T04:28:42.413Z","fence":1},"deadline_seconds":1800,"goal":{"id":"g","objective":"T","project_dir":"/work/p","success_criteria":[],"title":"T"},"result_schema":{"fields":{"evidence":"at most 32 of {\"text\": string, \"artifact_path\"?: string}","observations":"at most 64 of {\"kind\": string, \"data\": any JSON}, passed to the todo's capability","proposals":"optional kernel transitions (builtin:default capability only)","schema_version":"required, \"loopx.turn_result.v1\"","status":"required, one of progress, completed, repair_required, replan_required, user_action_required, wait","summary":"string, at most 2000 bytes","turn_key":"optional; when present must equal the request's turn_key"},"max_stdout_bytes":65536,"schema_version":"loopx.turn_result.v1","stdout":"exactly one JSON object; nothing else on stdout (use stderr for logs)","unknown_fields":"refused"},"schema_version":"loopx.turn_request.v1","todo":{"capability":"builtin:default","detail":"","id":"t99","lane":null,"priority":"P2","title":"work t99"},"turn_key":"turn-01M8TE60RDFZHTJKZH5W97VB80","validator":true},"result":{"evidence":[{"text":"ev"}],"observations":[{"data":{"a":1},"kind":"k"}],"proposals":[],"schema_version":"loopx.turn_result.v1","status":"progress","summary":"worked"},"result_error":null,"route_reason":"todo 't99' [P2] is ready: work t99","run_id":"01M8TE60TWR7N03SDJ0434C1TA","schema_version":"loopx.turn_journal.v1","settled_at":1796183622510,"spend":{"effect_id":"turn:turn-01M8TE60RDFZHTJKZH5W97VB80","idempotent_replay":false,"slots":1},"started_at":1796183622413,"timeout_ms":1800000,"timings_us":{"durable_writeback":727,"host_execute":18025,"quota_spend":1090,"start":6512,"terminal_closeout":720,"typed_result":483,"validation":29082},"trust_host_completion":false,"validate_argv":["/bin/sh","-c","cat >/dev/null; echo validator-log"],"validation":{"completion_validated":false,"detail":"validator exited with status 0","passed":true,"ran":true,"validator":{"elapsed_ms":25,"exit_code":0,"interrupted":false,"pid":17537,"signal":null,"spawn_error":null,"stderr_tail":"","stdout":"validator-log\n","stdout_bytes":14,"stdout_oversized":false,"stdout_utf8":true,"timed_out":false}},"writeback":{"accepted":1,"call":null,"capability":"builtin:default","error":null,"proposals":[{"artifact_digest":null,"artifact_path":null,"text":"ev","todo_id":"t99","type":"attach_evidence"}],"refused":0,"todo_status_after":"claimed","verdicts":[{"accepted":true,"index":0,"reason":"evidence attached to 't99'","todo_id":"t99","transition":"attach_evidence"}]}}"#;
+
+    fn record(data: serde_json::Value) -> TurnRecord {
+        TurnRecord {
+            turn_key: "turn-01M8TE60RDFZHTJKZH5W97VB80".into(),
+            goal_id: "g".into(),
+            agent_id: "a1".into(),
+            todo_id: Some("t99".into()),
+            status: JournalStatus::Committed,
+            phases: vec![Phase::HostExecute, Phase::TypedResult, Phase::Validation],
+            data,
+            created_at: 1,
+            updated_at: 2,
+            data_error: None,
+        }
+    }
+
+    #[test]
+    fn a_compacted_journal_reads_as_the_same_outcome_and_is_a_third_of_the_size() {
+        let full: serde_json::Value = serde_json::from_str(SETTLED).unwrap();
+        let compacted = compact_journal_data(&full);
+        let data = journal_data(&record(compacted.clone())).expect("still a journal");
+        let before = TurnOutcome::from_journal(
+            &record(full.clone()),
+            &journal_data(&record(full.clone())).unwrap(),
+        );
+        let after = TurnOutcome::from_journal(&record(compacted.clone()), &data);
+        assert_eq!(
+            serde_json::to_value(&before).unwrap(),
+            serde_json::to_value(&after).unwrap(),
+            "the outcome `turn inspect` and a replay show is unchanged"
+        );
+        let text = compacted.to_string();
+        for gone in [
+            "validator-log\\n",
+            "some log",
+            "result_schema",
+            "observations",
+            "timings_us",
+        ] {
+            assert!(!text.contains(gone), "{gone} left in {text}");
+        }
+        for key in COMPACTED_KEYS.iter().filter(|k| **k != "request") {
+            let mut v = &compacted;
+            for part in key.split('.') {
+                v = &v[part];
+            }
+            assert!(v.is_null(), "{key} left: {v}");
+        }
+        assert_eq!(compacted["compacted"]["verdicts"][0][2], true, "{text}");
+        assert_eq!(
+            compacted["compacted"]["validator"]["exit_code"], 0,
+            "{text}"
+        );
+        assert_eq!(
+            compacted["compacted"]["bytes_before"],
+            full.to_string().len()
+        );
+        assert!(
+            text.len() * 3 < full.to_string().len(),
+            "{} of {}",
+            text.len(),
+            full.to_string().len()
+        );
+        assert_eq!(
+            compact_journal_data(&compacted),
+            compacted,
+            "compacting twice changes nothing"
+        );
+    }
+}

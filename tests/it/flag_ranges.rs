@@ -22,6 +22,34 @@ const INTS_FROM_0: &[&str] = &["-1", HUGE, "1.5", "NaN", "inf", "x"];
 
 const ROWS: &[Row] = &[
     Row {
+        before: &["gc", "policy"],
+        flag: "--live-window-days",
+        after: &[],
+        range: "0..=36500",
+        bad: INTS_FROM_0,
+    },
+    Row {
+        before: &["gc", "policy"],
+        flag: "--journal-full-days",
+        after: &[],
+        range: "0..=36500",
+        bad: INTS_FROM_0,
+    },
+    Row {
+        before: &["gc", "policy"],
+        flag: "--report-files-days",
+        after: &[],
+        range: "0..=36500",
+        bad: INTS_FROM_0,
+    },
+    Row {
+        before: &["gc", "policy"],
+        flag: "--history-days",
+        after: &[],
+        range: "0..=36500",
+        bad: INTS_FROM_0,
+    },
+    Row {
         before: &["history", "--goal-id", "g"],
         flag: "--limit",
         after: &[],

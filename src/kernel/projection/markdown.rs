@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::RenderedTodos;
+use super::{LiveWindow, RenderedTodos};
 use crate::clock::rfc3339;
 use crate::inert::{self, md_block, md_code, md_inline};
 use crate::kernel::quota;
@@ -80,6 +80,7 @@ pub(super) fn state_markdown(
     todos: &RenderedTodos,
     evidence: &[Evidence],
     quota: &quota::QuotaView,
+    window: &LiveWindow,
     now: i64,
 ) -> String {
     let mut md = String::with_capacity(1024 + todos.md.len());
@@ -109,6 +110,16 @@ pub(super) fn state_markdown(
         }
         md.push('\n');
     }
+    let older: i64 = window.older_todos.iter().map(|c| c.2).sum();
+    if older > 0 || window.older_runs > 0 {
+        let _ = write!(
+            md,
+            "## Older work\n\n{older} todo(s) finished and {} run(s) recorded before {} (the last {} day(s) are shown above): see `archive/` (one file per month), `loopx todo show` and `loopx history`.\n\n",
+            window.older_runs,
+            rfc3339(window.finished_since),
+            window.days
+        );
+    }
     md.push_str("## Quota\n\n");
     md.push_str(&format!(
         "{} of {} slots spent in the window ({}).\n\n",
@@ -131,6 +142,45 @@ pub(super) fn state_markdown(
             rfc3339(e.created_at),
             md_inline(&e.text)
         ));
+    }
+    md
+}
+
+/// A goal's monthly archive (`archive/<YYYY-MM>.md`): the todos that finished and the runs
+/// recorded in the month, written once.
+pub(super) fn archive_markdown(
+    goal: &Goal,
+    month: &str,
+    todos: &[Todo],
+    runs: &[Run],
+    end: i64,
+) -> String {
+    let mut md = String::with_capacity(256 + 96 * (todos.len() + runs.len()));
+    let _ = write!(
+        md,
+        "# {} — {month}\n\nGoal `{}`: the work that finished in {month}, archived from the LoopX database once the month left the live window of `STATE.md`. Written once, never changed.\n\n## Finished todos\n\n",
+        md_inline(&goal.title),
+        goal.id
+    );
+    if todos.is_empty() {
+        md.push_str("(none)\n");
+    }
+    for t in todos {
+        todo_markdown(&mut md, t, end);
+    }
+    md.push_str("\n## Runs\n\n");
+    if runs.is_empty() {
+        md.push_str("(none)\n");
+    }
+    for r in runs {
+        let _ = writeln!(
+            md,
+            "- `{}` {} {}: {}",
+            r.id,
+            rfc3339(r.created_at),
+            md_inline(&r.classification),
+            md_inline(&r.summary)
+        );
     }
     md
 }

@@ -45,6 +45,7 @@ use crate::model::{Evidence, Goal, Role, Run, TodoStatus};
 pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
 pub const STATE_SCHEMA: &str = "loopx.goal_state.v1";
 pub const RUN_SCHEMA: &str = "loopx.run.v1";
+pub const ARCHIVE_SCHEMA: &str = "loopx.goal_archive.v1";
 
 /// The format of the todo lines cached in the store (`ProjectionCacheTx::cache_projected_todo`). Bump it
 /// whenever [`TodoView::write_json`] or [`todo_markdown`] changes what they write: lines cached
@@ -60,6 +61,53 @@ pub(crate) struct GoalProjection {
     evidence: Vec<Evidence>,
     quota: quota::QuotaView,
     now: i64,
+    window: LiveWindow,
+}
+
+/// The projections' live window: finished todos last written before `finished_since` are left
+/// out of `state.json` and `STATE.md` and only counted here; they stay in the database (`todo
+/// show`) and in the goal's monthly archive (`archive/<YYYY-MM>.json`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct LiveWindow {
+    pub(crate) days: i64,
+    pub(crate) finished_since: i64,
+    /// (role, status, count) of the finished todos older than the window.
+    pub(crate) older_todos: Vec<(String, String, i64)>,
+    pub(crate) older_runs: i64,
+}
+
+impl LiveWindow {
+    fn read(tx: &dyn StoreRead, goal_id: &str, now: i64) -> Result<LiveWindow> {
+        let policy = tx
+            .retention()
+            .retention_policy()?
+            .unwrap_or(super::retention::DEFAULT_POLICY);
+        let days = policy.live_window_days;
+        let finished_since = now.saturating_sub(days.saturating_mul(86_400_000));
+        Ok(LiveWindow {
+            days,
+            finished_since,
+            older_todos: tx
+                .retention()
+                .finished_todo_counts_before(goal_id, finished_since)?,
+            older_runs: tx.retention().run_count_before(goal_id, finished_since)?,
+        })
+    }
+
+    fn to_json(&self) -> Value {
+        let mut todos = serde_json::Map::new();
+        for (role, status, n) in &self.older_todos {
+            let entry = todos.entry(role.clone()).or_insert_with(|| json!({}));
+            entry[status] = json!(n);
+        }
+        json!({
+            "days": self.days,
+            "finished_since": Rfc3339(self.finished_since),
+            "older_todos": todos,
+            "older_runs": self.older_runs,
+            "archive_dir": "archive/",
+        })
+    }
 }
 
 impl GoalProjection {
@@ -72,8 +120,10 @@ impl GoalProjection {
         cache_lines: Option<&dyn ProjectionCacheTx>,
     ) -> Result<GoalProjection> {
         let goal = super::require_goal(tx, goal_id)?;
+        let window = LiveWindow::read(tx, goal_id, now)?;
         Ok(GoalProjection {
-            todos: RenderedTodos::read(tx, goal_id, now, cache_lines)?,
+            todos: RenderedTodos::read(tx, goal_id, now, window.finished_since, cache_lines)?,
+            window,
             evidence: tx.recent_evidence(goal_id, 50)?,
             quota: quota::view_in_tx(tx, goal_id, None, now)?,
             goal,
@@ -86,6 +136,11 @@ impl GoalProjection {
         let mut counts = [[0i64; TodoStatus::ALL.len()]; Role::ALL.len()];
         for r in &self.todos.rows {
             counts[r.role as usize][r.status as usize] += 1;
+        }
+        for (role, status, n) in &self.window.older_todos {
+            if let (Ok(role), Ok(status)) = (Role::parse(role), TodoStatus::parse(status)) {
+                counts[role as usize][status as usize] += n;
+            }
         }
         let mut out = Vec::new();
         for (&role, per_status) in Role::ALL.iter().zip(&counts) {
@@ -126,6 +181,7 @@ impl RenderedTodos {
         tx: &dyn StoreRead,
         goal_id: &str,
         now: i64,
+        finished_since: i64,
         cache_lines: Option<&dyn ProjectionCacheTx>,
     ) -> Result<RenderedTodos> {
         let mut out = RenderedTodos {
@@ -137,10 +193,11 @@ impl RenderedTodos {
         // (todo id, index into rows) of lines rendered here that may be cached: written after
         // the scan, not while its cursor is open on the same table.
         let mut to_cache: Vec<(String, usize)> = Vec::new();
-        crate::kernel::store::for_each_projected_todo(
+        crate::kernel::store::for_each_live_projected_todo(
             tx,
             goal_id,
             TODO_LINES_FORMAT,
+            finished_since,
             &mut |todo| {
                 let (json_start, md_start) = (out.json.len(), out.md.len());
                 let (order, role, status) = match todo {
@@ -208,6 +265,7 @@ fn write_state_json(
     todos: &RenderedTodos,
     evidence: &[Evidence],
     quota: &quota::QuotaView,
+    window: &LiveWindow,
 ) -> std::io::Result<()> {
     fn field(
         w: &mut ProjectionWriter,
@@ -234,6 +292,7 @@ fn write_state_json(
     })?;
     let evidence: Vec<EvidenceView> = evidence.iter().map(evidence_json).collect();
     field(w, "recent_evidence", &evidence)?;
+    field(w, "live_window", &window.to_json())?;
     write!(w, "  \"quota\": ")?;
     serde_json::to_writer(&mut *w, &quota.to_json())?;
     w.write_all(b"\n}\n")
@@ -278,16 +337,33 @@ impl Kernel {
     /// Writes `state.json` (after checking the file it replaces) and `STATE.md`.
     pub(crate) fn write_goal_files(&self, p: &GoalProjection) -> Result<()> {
         write_json_projection(&self.paths().goal_state_json(&p.goal.id), |w| {
-            write_state_json(w, p.now, &p.goal, &p.todos, &p.evidence, &p.quota)
+            write_state_json(
+                w,
+                p.now,
+                &p.goal,
+                &p.todos,
+                &p.evidence,
+                &p.quota,
+                &p.window,
+            )
         })?;
         write_atomic(
             &self.paths().goal_state_md(&p.goal.id),
-            state_markdown(&p.goal, &p.todos, &p.evidence, &p.quota, p.now).as_bytes(),
-        )
+            state_markdown(&p.goal, &p.todos, &p.evidence, &p.quota, &p.window, p.now).as_bytes(),
+        )?;
+        // One `stat` when the month that last left the live window is archived already.
+        self.write_goal_archives_before(&p.goal.id, p.window.finished_since)
     }
 
-    /// Writes the immutable report pair for a run.
+    /// Writes the immutable report pair for a run, unless `gc` has retired the report files of
+    /// the run's month (`runs/<YYYY-MM>.retired`): its report is then rendered from the database
+    /// on demand ([`Kernel::run_report`]), and re-creating projections does not bring the files
+    /// back.
     pub fn write_run_report(&self, run: &Run) -> Result<()> {
+        let month = super::retention::month_label(run.created_at);
+        if self.paths().retired_reports(&run.goal_id, &month).exists() {
+            return Ok(());
+        }
         write_once(
             &self.paths().run_json(&run.goal_id, &run.id),
             &pretty(&run_json(run)),
@@ -296,6 +372,142 @@ impl Kernel {
             &self.paths().run_md(&run.goal_id, &run.id),
             run_markdown(run).as_bytes(),
         )
+    }
+}
+
+impl Kernel {
+    /// A run's JSON report, by id: the report file when it is on disk, otherwise rendered from
+    /// the database in the same shape (the file of a month `loopx gc` retired, or one never
+    /// written). Any actor may read it.
+    pub fn run_report(
+        &self,
+        goal_id: &str,
+        run_id: &str,
+    ) -> Result<(Value, Option<std::path::PathBuf>)> {
+        crate::ids::validate_token("run id", run_id)?;
+        let run = self.read(|tx| {
+            super::require_goal(tx, goal_id)?;
+            tx.run(goal_id, run_id)
+        })?;
+        let Some(run) = run else {
+            return Err(crate::error::not_found(format!(
+                "unknown run '{run_id}' in goal '{goal_id}'; `loopx history --goal-id {goal_id}` lists its runs"
+            )));
+        };
+        let path = self.paths().run_json(goal_id, run_id);
+        match std::fs::read(&path) {
+            Ok(bytes) if !bytes.is_empty() => {
+                let value = serde_json::from_slice(&bytes).map_err(|e| {
+                    crate::error::LoopxError::Corrupt {
+                    path: path.clone(),
+                    detail: format!(
+                        "run report does not parse ({e}); it was left untouched. Move it aside: \
+                         the report is then rendered from the database"
+                    )
+                    .into(),
+                }
+                })?;
+                Ok((value, Some(path)))
+            }
+            _ => Ok((run_json(&run), None)),
+        }
+    }
+}
+
+impl Kernel {
+    /// Writes the monthly archive of every month that ended before `finished_since` and has
+    /// none yet: `archive/<YYYY-MM>.json` and `.md` list the todos that finished and the runs
+    /// recorded in the month. Written once each; a month already archived costs one `stat`.
+    pub(crate) fn write_goal_archives_before(
+        &self,
+        goal_id: &str,
+        finished_since: i64,
+    ) -> Result<()> {
+        use super::retention::{complete_months, month_bounds, month_label};
+        let (this_month, _) = month_bounds(finished_since);
+        let (last_start, _) = month_bounds(this_month - 1);
+        let dir = self.paths().goal_archive_dir(goal_id);
+        let archive_json = |start: i64| dir.join(format!("{}.json", month_label(start)));
+        if archive_json(last_start).exists() {
+            return Ok(());
+        }
+        let oldest = self.read(|tx| {
+            let r = tx.retention();
+            Ok(
+                match (
+                    r.oldest_finished_todo_at(goal_id)?,
+                    r.oldest_run_at(goal_id)?,
+                ) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                },
+            )
+        })?;
+        let Some(oldest) = oldest else { return Ok(()) };
+        for (start, end) in complete_months(oldest, finished_since) {
+            if archive_json(start).exists() {
+                continue;
+            }
+            let (goal, todos, runs) = self.read(|tx| {
+                Ok((
+                    super::require_goal(tx, goal_id)?,
+                    tx.retention().todos_finished_between(goal_id, start, end)?,
+                    tx.retention().runs_created_between(goal_id, start, end)?,
+                ))
+            })?;
+            let month = month_label(start);
+            let mut json_bytes = Vec::with_capacity(1024 + todos.len() * 512);
+            json_bytes.extend_from_slice(b"{\n");
+            write!(
+                json_bytes,
+                "  \"schema_version\": \"{ARCHIVE_SCHEMA}\",\n  \"goal_id\": {},\n  \"month\": \"{month}\",\n  \"todos\": [",
+                serde_json::to_string(&goal.id).expect("ids serialize")
+            )
+            .expect("writing to a vector");
+            for (i, t) in todos.iter().enumerate() {
+                json_bytes.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
+                TodoView::new(t, end).write_json(&mut json_bytes);
+            }
+            json_bytes.extend_from_slice(if todos.is_empty() {
+                b"],\n"
+            } else {
+                b"\n  ],\n"
+            });
+            json_bytes.extend_from_slice(b"  \"runs\": [");
+            for (i, r) in runs.iter().enumerate() {
+                json_bytes.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
+                serde_json::to_writer(
+                    &mut json_bytes,
+                    &json!({
+                        "run_id": r.id, "agent_id": r.agent_id, "todo_id": r.todo_id,
+                        "classification": r.classification, "outcome": r.outcome,
+                        "summary": r.summary, "created_at": Rfc3339(r.created_at),
+                    }),
+                )
+                .expect("runs serialize");
+            }
+            json_bytes.extend_from_slice(if runs.is_empty() {
+                b"]\n}\n"
+            } else {
+                b"\n  ]\n}\n"
+            });
+            // The Markdown first: the JSON file is the mark that the month is archived.
+            write_once(
+                &dir.join(format!("{month}.md")),
+                markdown::archive_markdown(&goal, &month, &todos, &runs, end).as_bytes(),
+            )
+            .or_else(ignore_existing)?;
+            write_once(&archive_json(start), &json_bytes).or_else(ignore_existing)?;
+        }
+        Ok(())
+    }
+}
+
+/// A monthly archive another process wrote meanwhile is the same month's record: not an error.
+fn ignore_existing(e: crate::error::LoopxError) -> Result<()> {
+    match e.exit_code() {
+        4 => Ok(()),
+        _ => Err(e),
     }
 }
 

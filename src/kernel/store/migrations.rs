@@ -8,6 +8,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (3, V3),
     (4, V4),
     (5, V5),
+    (7, V7),
     (8, V8),
 ];
 
@@ -206,6 +207,26 @@ CREATE TABLE component_artifacts (
 "#;
 
 /// Scheduled monitors and deferred todos' resume times, in tables of their own keyed by goal and
+
+/// Retention (docs/operator-guide.md, "Retention"): the operator's policy, one row (none means the
+/// defaults); the time a settled turn's journal was compacted to its summary and a run's payload
+/// dropped by `loopx gc`; and the index that lets the goal projections read open and recently
+/// finished todos, and `gc` a month of runs, without walking every row the goal ever had.
+const V7: &str = r#"
+CREATE TABLE retention_policy (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    live_window_days INTEGER NOT NULL,
+    journal_full_days INTEGER NOT NULL,
+    keep_journal_bodies INTEGER NOT NULL,
+    report_files_days INTEGER NOT NULL,
+    history_days INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+ALTER TABLE turns ADD COLUMN compacted_at INTEGER;
+ALTER TABLE runs ADD COLUMN payload_dropped_at INTEGER;
+CREATE INDEX todos_by_finish ON todos(goal_id, status, updated_at);
+CREATE INDEX runs_by_time ON runs(goal_id, created_at);
+"#;
 /// todo id (not columns of `todos`, whose hot paths stay as they are). `monitors_by_due` serves
 /// the decision's "earliest due monitor" and the heartbeat's sweep without a scan; a deferral row
 /// lives while its todo is deferred (docs/state-model.md, "Monitors").

@@ -37,6 +37,31 @@ pub struct OpRecord {
     pub created_at: i64,
 }
 
+/// The operator's retention policy as stored (`loopx gc policy`; docs/operator-guide.md,
+/// "Retention"). Every span is whole days; the kernel checks their ranges and supplies the
+/// defaults when no row exists.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// Finished todos and settled runs younger than this are shown in `state.json`/`STATE.md`.
+    pub live_window_days: i64,
+    /// A settled turn keeps its full journal this long before `gc` compacts it to its summary.
+    pub journal_full_days: i64,
+    /// Never compact journals (keep request/response bodies for good).
+    pub keep_journal_bodies: bool,
+    /// A run's report files stay one pair per run this long, then `gc` packs them per month.
+    pub report_files_days: i64,
+    /// Runs keep their full payload this long; `gc` drops older payloads (the row stays).
+    pub history_days: i64,
+}
+
+/// A settled turn's size as `gc` plans its compaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompactableTurn {
+    pub turn_key: String,
+    pub goal_id: String,
+    pub data_bytes: i64,
+}
+
 /// Where a todo stands in the listing order of [`StoreRead::todos`] (priority, then creation).
 /// Sorting by it puts todos visited by [`StoreRead::for_each_todo`] in that order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -111,6 +136,12 @@ pub trait Store: Send {
     /// Writes a consistent copy of the whole store to `dest`, never replacing an existing file;
     /// returns the number of pages (or the backend's unit) copied.
     fn backup_to(&self, dest: &Path) -> Result<u64>;
+    /// Rebuilds the storage to give the space of removed data back to the filesystem (SQLite's
+    /// `VACUUM`, then a truncating checkpoint); outside any transaction. Returns the bytes of the
+    /// database files before and after.
+    fn vacuum(&mut self) -> Result<(u64, u64)>;
+    /// Bytes the storage's files take now, and bytes free inside them (reclaimable by `vacuum`).
+    fn storage_bytes(&self) -> Result<(u64, u64)>;
     /// A number that changes when another handle may have committed since it was last read on
     /// this one (a read leaves it alone; a checkpoint may move it): the change watcher's
     /// (`kernel::watch`) cheap first check after a file event. Read outside any transaction.
@@ -220,6 +251,9 @@ pub trait StoreRead: MonitorRead {
 /// Writes inside one write transaction, which also reads what it has written.
 pub trait StoreTx: StoreRead + MonitorTx {
     fn commit(self: Box<Self>) -> Result<()>;
+    /// The retention queries (`loopx gc`; the goal projections' live window and archive).
+    fn retention(&self) -> &dyn RetentionRead;
+
 
     // Goals (layer 1 registry + layer 2 goal state).
     fn insert_goal(&self, goal: &Goal) -> Result<()>;
@@ -267,12 +301,67 @@ pub trait ProjectionCache {
     /// Like [`StoreRead::for_each_todo`], but a todo whose projection lines are cached in `format`
     /// comes as those lines instead of being read and decoded in full.
     fn for_each_projected_todo(
+    /// The retention writes (`loopx gc`, `loopx gc policy`).
+    fn retention_tx(&self) -> &dyn RetentionTx;
+
         &self,
         goal_id: &str,
         format: i64,
         visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
     ) -> Result<()>;
 }
+/// The queries retention needs (`loopx gc`, the goal projections' live window and monthly
+/// archive), a part of every read transaction ([`StoreRead::retention`]).
+pub trait RetentionRead {
+    /// The stored retention policy; `None` when the operator never set one (defaults apply).
+    fn retention_policy(&self) -> Result<Option<RetentionPolicy>>;
+    /// Settled turns whose journal is not compacted and that settled before `before`, oldest
+    /// first, at most `limit`.
+    fn compactable_turns(&self, before: i64, limit: usize) -> Result<Vec<CompactableTurn>>;
+    /// Runs of a goal created in `[from, to)` (oldest first).
+    fn runs_created_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Run>>;
+    /// `(run id, payload bytes)` of a goal's runs created before `before` whose payload `gc` has
+    /// not dropped, oldest first, at most `limit`.
+    fn runs_with_payload_before(
+        &self,
+        goal_id: &str,
+        before: i64,
+        limit: usize,
+    ) -> Result<Vec<(String, i64)>>;
+    /// The creation time of the goal's oldest run, if any.
+    fn oldest_run_at(&self, goal_id: &str) -> Result<Option<i64>>;
+    /// The goal's terminal todos last written in `[from, to)`, oldest first.
+    fn todos_finished_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Todo>>;
+    /// When the goal's oldest terminal todo was last written, if any.
+    fn oldest_finished_todo_at(&self, goal_id: &str) -> Result<Option<i64>>;
+    /// `(role, status, count)` of the goal's terminal todos last written before `before`.
+    fn finished_todo_counts_before(
+        &self,
+        goal_id: &str,
+        before: i64,
+    ) -> Result<Vec<(String, String, i64)>>;
+    /// How many of the goal's runs were created before `before`.
+    fn run_count_before(&self, goal_id: &str, before: i64) -> Result<i64>;
+}
+
+/// The writes of `loopx gc` and `loopx gc policy`, a part of every write transaction
+/// ([`StoreTx::retention_tx`]).
+pub trait RetentionTx: RetentionRead {
+    fn set_retention_policy(&self, policy: &RetentionPolicy, now: i64) -> Result<()>;
+    /// Replaces a settled, not yet compacted turn's journal data with `data` and marks it
+    /// compacted at `at`; false (nothing written) for an unsettled or already compacted turn.
+    fn compact_turn(&self, turn_key: &str, data: &serde_json::Value, at: i64) -> Result<bool>;
+    /// Replaces a run's payload with `payload` and marks it dropped at `at`; false when the
+    /// payload was already dropped or the run is unknown.
+    fn drop_run_payload(
+        &self,
+        goal_id: &str,
+        run_id: &str,
+        payload: &serde_json::Value,
+        at: i64,
+    ) -> Result<bool>;
+}
+
 
 /// The write half of [`ProjectionCache`], reachable only from a write transaction.
 pub trait ProjectionCacheTx: ProjectionCache {
@@ -285,9 +374,20 @@ pub trait ProjectionCacheTx: ProjectionCache {
         lines: &TodoLines<'_>,
     ) -> Result<()>;
 }
+    /// Like [`ProjectionCache::for_each_projected_todo`], but only the goal's open todos and the
+    /// terminal ones last written at or after `finished_since` (the projections' live window).
+    fn for_each_live_projected_todo(
+        &self,
+        goal_id: &str,
+        format: i64,
+        finished_since: i64,
+        visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
+    ) -> Result<()>;
 
 /// Visits every todo of a goal like [`StoreRead::for_each_todo`], as the cached lines in
-/// `format` where the backend keeps a [`ProjectionCache`] with valid ones.
+/// `format` where the backend keeps a [`ProjectionCache`] with valid ones. The projections read
+/// through [`for_each_live_projected_todo`]; this whole-goal walk is what the cache's tests check.
+#[cfg(test)]
 pub fn for_each_projected_todo(
     tx: &dyn StoreRead,
     goal_id: &str,
@@ -315,6 +415,26 @@ pub struct ActiveMonitor {
 }
 
 impl ActiveMonitor {
+/// Visits the goal's open todos and the terminal ones last written at or after
+/// `finished_since`, like [`for_each_projected_todo`] (cached lines where the backend keeps them).
+pub fn for_each_live_projected_todo(
+    tx: &dyn StoreRead,
+    goal_id: &str,
+    format: i64,
+    finished_since: i64,
+    visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
+) -> Result<()> {
+    match tx.projection_cache() {
+        Some(cache) => cache.for_each_live_projected_todo(goal_id, format, finished_since, visit),
+        None => tx.for_each_todo(goal_id, &mut |todo, order| {
+            if todo.status.is_terminal() && todo.updated_at < finished_since {
+                return Ok(());
+            }
+            visit(ProjectedTodo::Uncached(todo, order))
+        }),
+    }
+}
+
     /// When the monitor is next due (see [`Monitor::due_at`]).
     pub fn due_at(&self) -> i64 {
         self.monitor

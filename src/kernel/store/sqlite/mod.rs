@@ -20,6 +20,7 @@ mod monitors;
 mod ops;
 mod projection_cache;
 mod quota;
+mod retention;
 mod runs;
 mod todos;
 mod turns;
@@ -94,6 +95,14 @@ impl Store for SqliteStore {
 
     fn backup_to(&self, dest: &Path) -> Result<u64> {
         SqliteStore::backup_to(self, dest)
+    }
+
+    fn vacuum(&mut self) -> Result<(u64, u64)> {
+        SqliteStore::vacuum(self)
+    }
+
+    fn storage_bytes(&self) -> Result<(u64, u64)> {
+        SqliteStore::storage_bytes(self)
     }
 
     fn data_version(&self) -> Result<i64> {

@@ -103,6 +103,11 @@ pub(super) struct SqliteTx<'a, M: Mode> {
 }
 
 impl<'a, M: Mode> SqliteTx<'a, M> {
+    /// The queries of this transaction, for the table modules that implement a trait on it.
+    pub(super) fn db(&self) -> Db<'a> {
+        self.db
+    }
+
     pub(super) fn begin(conn: &'a Connection, path: &'a Path) -> Result<SqliteTx<'a, M>> {
         let db = Db::new(conn, path);
         // A read taken while a transaction is open on this connection (a read inside a read,
@@ -341,6 +346,10 @@ impl StoreTx for SqliteTx<'_, Write> {
         self.finished = true;
         if WAL_FRAMES.take() > WAL_CHECKPOINT_FRAMES {
             // The commit is already durable; a failed checkpoint only means the next writer
+
+    fn retention(&self) -> &dyn crate::kernel::store::RetentionRead {
+        self
+    }
             // tries again.
             let _ = self.restart_wal();
         }
@@ -424,6 +433,10 @@ impl<M: Mode> ProjectionCache for SqliteTx<'_, M> {
 }
 
 impl ProjectionCacheTx for SqliteTx<'_, Write> {
+
+    fn retention_tx(&self) -> &dyn crate::kernel::store::RetentionTx {
+        self
+    }
     fn cache_projected_todo(
         &self,
         goal_id: &str,
@@ -435,3 +448,14 @@ impl ProjectionCacheTx for SqliteTx<'_, Write> {
             .cache_projected_todo(goal_id, todo_id, format, lines)
     }
 }
+
+    fn for_each_live_projected_todo(
+        &self,
+        goal_id: &str,
+        format: i64,
+        finished_since: i64,
+        visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.db
+            .for_each_live_projected_todo(goal_id, format, finished_since, visit)
+    }

@@ -1,0 +1,525 @@
+//! Retention: how long each kind of history is kept in full, and `loopx gc`, which shrinks what
+//! has outlived that and gives the space back.
+//!
+//! A project that runs for months would otherwise grow without bound: every settled turn keeps
+//! the full request and process output in its journal row, every run keeps a report pair in
+//! `runs/`, and SQLite never returns a freed page to the filesystem by itself. The policy is the
+//! operator's (stored in the database, changed only by an operator, each change in the operation
+//! log); its defaults keep a year of history readable (docs/operator-guide.md, "Retention").
+//!
+//! `gc` is planned first and applied only when asked: the plan is a pure read that lists every
+//! change and the bytes it frees. Applying works in small batches, each one transaction with its
+//! own operation-log row naming what it changed, so a kill at any point leaves every batch either
+//! done or not started, and running `gc` again finishes the work. What `gc` touches is settled
+//! by construction: journals of settled turns only (the store refuses to compact an unsettled
+//! one), payloads of runs older than `history_days`, report files of months wholly older than
+//! `report_files_days` (their reports are rendered from the database from then on). Todos, leases, gates, evidence, the
+//! quota ledger and the operation log are never touched, and every run and turn keeps its row.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use serde_json::json;
+
+use super::store::{CompactableTurn, RetentionPolicy};
+use super::{Actor, Kernel, log_op};
+use crate::clock::{Rfc3339, now_ms};
+use crate::error::{LoopxError, Result, bad_input};
+use crate::model::compact_journal_data;
+
+/// The policy when the operator has set none: a week of finished work in the goal projections,
+/// full turn journals and one report file per run for 30 days, run payloads for a year.
+pub const DEFAULT_POLICY: RetentionPolicy = RetentionPolicy {
+    live_window_days: 7,
+    journal_full_days: 30,
+    keep_journal_bodies: false,
+    report_files_days: 30,
+    history_days: 365,
+};
+
+/// The longest span a policy may name (about a century): beyond it the cut-off would leave the
+/// range of the clock's arithmetic for no use.
+pub const MAX_DAYS: i64 = 36_500;
+
+const DAY_MS: i64 = 86_400_000;
+
+/// How many rows one `gc` transaction changes: small enough that a batch holds the write lock
+/// for milliseconds beside running loops, large enough that the operation log gets one row per
+/// batch, not per turn.
+const BATCH: usize = 200;
+
+/// A change to the policy: the fields given replace the stored (or default) ones.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyChange {
+    pub live_window_days: Option<i64>,
+    pub journal_full_days: Option<i64>,
+    pub keep_journal_bodies: Option<bool>,
+    pub report_files_days: Option<i64>,
+    pub history_days: Option<i64>,
+}
+
+/// The policy in force and whether the operator set it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyView {
+    #[serde(flatten)]
+    pub policy: RetentionPolicy,
+    /// False while the defaults apply.
+    pub stored: bool,
+}
+
+/// One settled turn whose journal `gc` compacts.
+#[derive(Debug, Clone, Serialize)]
+pub struct TurnCompaction {
+    pub turn_key: String,
+    pub goal_id: String,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+/// One run whose payload `gc` drops (older than `history_days`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PayloadDrop {
+    pub goal_id: String,
+    pub run_id: String,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+/// One month of a goal's run report files that `gc` removes: the month is wholly older than
+/// `report_files_days`, and its reports are rendered from the database on demand from then on.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReportRetirement {
+    pub goal_id: String,
+    /// `YYYY-MM`.
+    pub month: String,
+    pub runs: usize,
+    /// The month's mark (`runs/<month>.retired`), and whether a previous `gc` wrote it.
+    pub mark: PathBuf,
+    pub mark_exists: bool,
+    /// The report files it removes, and the bytes they take on disk.
+    pub files: Vec<PathBuf>,
+    pub file_bytes: u64,
+}
+
+/// What `gc` would do (dry run) or did (`--apply`).
+#[derive(Debug, Clone, Serialize)]
+pub struct GcReport {
+    pub applied: bool,
+    pub policy: RetentionPolicy,
+    pub now: Rfc3339,
+    pub turns: Vec<TurnCompaction>,
+    pub payloads: Vec<PayloadDrop>,
+    pub report_months: Vec<ReportRetirement>,
+    /// Bytes the rows and files above free (before the vacuum).
+    pub bytes_freed: u64,
+    /// The database files' size before, and (applied) after the vacuum.
+    pub database_bytes_before: u64,
+    pub database_bytes_after: Option<u64>,
+    /// Free pages inside the database now, which a vacuum gives back on top.
+    pub database_free_bytes: u64,
+}
+
+impl GcReport {
+    /// `bytes_freed` plus the free pages the vacuum gives back.
+    pub fn planned_total(&self) -> u64 {
+        self.bytes_freed + self.database_free_bytes
+    }
+}
+
+fn check_days(name: &str, days: i64) -> Result<()> {
+    if !(0..=MAX_DAYS).contains(&days) {
+        return Err(bad_input(format!(
+            "--{} {days} is out of range: give whole days from 0 to {MAX_DAYS}",
+            name.replace('_', "-")
+        )));
+    }
+    Ok(())
+}
+
+/// The policy in force given the stored row.
+fn in_force(stored: Option<RetentionPolicy>) -> PolicyView {
+    PolicyView {
+        policy: stored.unwrap_or(DEFAULT_POLICY),
+        stored: stored.is_some(),
+    }
+}
+
+/// `YYYY-MM` of a time.
+pub(crate) fn month_label(ms: i64) -> String {
+    String::from_utf8_lossy(&Rfc3339(ms).render()[..7]).into_owned()
+}
+
+/// The first millisecond of the month `ms` falls in, and of the month after it.
+pub(crate) fn month_bounds(ms: i64) -> (i64, i64) {
+    let r = Rfc3339(ms).render();
+    let num = |a: usize, b: usize| -> i64 {
+        std::str::from_utf8(&r[a..b])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
+    let (y, m) = (num(0, 4), num(5, 7));
+    let start = days_from_civil(y, m, 1) * DAY_MS;
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    (start, days_from_civil(ny, nm, 1) * DAY_MS)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (the inverse of the calendar arithmetic
+/// `clock::Rfc3339` renders with).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Every month that starts at or after `from`'s month and ends at or before `until`: the
+/// months wholly older than a cut-off.
+pub(crate) fn complete_months(from: i64, until: i64) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    let (mut start, mut end) = month_bounds(from);
+    while end <= until {
+        out.push((start, end));
+        (start, end) = month_bounds(end);
+    }
+    out
+}
+
+/// Bytes a file takes on disk (its allocated blocks), 0 when it is gone.
+fn disk_bytes(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .map(|m| m.blocks() * 512)
+        .unwrap_or(0)
+}
+
+impl Kernel {
+    /// The retention policy in force.
+    pub fn retention_policy(&self) -> Result<PolicyView> {
+        self.read(|tx| Ok(in_force(tx.retention().retention_policy()?)))
+    }
+
+    /// Changes the retention policy (operators only); the change is in the operation log.
+    pub fn set_retention_policy(
+        &mut self,
+        actor: &Actor,
+        change: &PolicyChange,
+    ) -> Result<PolicyView> {
+        actor.require_operator("change the retention policy")?;
+        for (name, days) in [
+            ("live_window_days", change.live_window_days),
+            ("journal_full_days", change.journal_full_days),
+            ("report_files_days", change.report_files_days),
+            ("history_days", change.history_days),
+        ] {
+            if let Some(d) = days {
+                check_days(name, d)?;
+            }
+        }
+        self.write(|tx| {
+            let before = in_force(tx.retention().retention_policy()?).policy;
+            let after = RetentionPolicy {
+                live_window_days: change.live_window_days.unwrap_or(before.live_window_days),
+                journal_full_days: change.journal_full_days.unwrap_or(before.journal_full_days),
+                keep_journal_bodies: change
+                    .keep_journal_bodies
+                    .unwrap_or(before.keep_journal_bodies),
+                report_files_days: change.report_files_days.unwrap_or(before.report_files_days),
+                history_days: change.history_days.unwrap_or(before.history_days),
+            };
+            tx.retention_tx().set_retention_policy(&after, now_ms())?;
+            log_op(
+                tx,
+                None,
+                actor,
+                "retention_policy_set",
+                json!({"before": before, "after": after}),
+            )?;
+            Ok(PolicyView {
+                policy: after,
+                stored: true,
+            })
+        })
+    }
+
+    /// What `gc` would do now: a pure read (operators only, like applying it).
+    pub fn gc_plan(&self, actor: &Actor) -> Result<GcReport> {
+        actor.require_operator("run gc")?;
+        self.plan_at(now_ms())
+    }
+
+    fn plan_at(&self, now: i64) -> Result<GcReport> {
+        let (policy, db_before, db_free) = {
+            let policy = self.retention_policy()?.policy;
+            let (bytes, free) = self.store.storage_bytes()?;
+            (policy, bytes, free)
+        };
+        let mut turns = Vec::new();
+        if !policy.keep_journal_bodies {
+            let before = now - policy.journal_full_days * DAY_MS;
+            // Keys past the last batch: each batch reads only keys and sizes, then each turn's
+            // data to size its compacted form, so memory stays one batch.
+            let candidates: Vec<CompactableTurn> =
+                self.read(|tx| tx.retention().compactable_turns(before, usize::MAX))?;
+            for chunk in candidates.chunks(BATCH) {
+                self.read(|tx| {
+                    for c in chunk {
+                        if let Some(rec) = tx.turn(&c.turn_key)?
+                            && rec.data_error.is_none()
+                        {
+                            let after = compact_journal_data(&rec.data);
+                            turns.push(TurnCompaction {
+                                turn_key: c.turn_key.clone(),
+                                goal_id: c.goal_id.clone(),
+                                bytes_before: c.data_bytes.max(0) as u64,
+                                bytes_after: json_len(&after),
+                            });
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+        let goals = self.goals()?;
+        let mut payloads = Vec::new();
+        let history_before = now - policy.history_days * DAY_MS;
+        let dropped = dropped_payload();
+        for g in &goals {
+            let rows = self.read(|tx| {
+                tx.retention()
+                    .runs_with_payload_before(&g.id, history_before, usize::MAX)
+            })?;
+            payloads.extend(rows.into_iter().map(|(run_id, bytes)| PayloadDrop {
+                goal_id: g.id.clone(),
+                run_id,
+                bytes_before: bytes.max(0) as u64,
+                bytes_after: json_len(&dropped),
+            }));
+        }
+        let mut report_months = Vec::new();
+        let reports_before = now - policy.report_files_days * DAY_MS;
+        for g in &goals {
+            let Some(oldest) = self.read(|tx| tx.retention().oldest_run_at(&g.id))? else {
+                continue;
+            };
+            for (start, end) in complete_months(oldest, reports_before) {
+                let month = month_label(start);
+                let mark = self.paths().retired_reports(&g.id, &month);
+                let runs =
+                    self.read(|tx| tx.retention().runs_created_between(&g.id, start, end))?;
+                let mut files = Vec::new();
+                for run in &runs {
+                    for path in self.paths().run_report_files(&g.id, &run.id) {
+                        if path.exists() {
+                            files.push(path);
+                        }
+                    }
+                }
+                let mark_exists = mark.exists();
+                if files.is_empty() && (mark_exists || runs.is_empty()) {
+                    continue;
+                }
+                report_months.push(ReportRetirement {
+                    goal_id: g.id.clone(),
+                    month,
+                    runs: runs.len(),
+                    file_bytes: files.iter().map(|f| disk_bytes(f)).sum(),
+                    mark,
+                    mark_exists,
+                    files,
+                });
+            }
+        }
+        let bytes_freed = turns
+            .iter()
+            .map(|t| t.bytes_before.saturating_sub(t.bytes_after))
+            .chain(
+                payloads
+                    .iter()
+                    .map(|p| p.bytes_before.saturating_sub(p.bytes_after)),
+            )
+            .chain(report_months.iter().map(|p| p.file_bytes))
+            .sum();
+        Ok(GcReport {
+            applied: false,
+            policy,
+            now: Rfc3339(now),
+            turns,
+            payloads,
+            report_months,
+            bytes_freed,
+            database_bytes_before: db_before,
+            database_bytes_after: None,
+            database_free_bytes: db_free,
+        })
+    }
+
+    /// Runs `gc`: compacts the journals, drops the payloads and retires the report files of the
+    /// plan, in batches each recorded in the operation log, then vacuums. Operators only.
+    pub fn gc_apply(&mut self, actor: &Actor) -> Result<GcReport> {
+        actor.require_operator("run gc")?;
+        let now = now_ms();
+        let mut report = self.plan_at(now)?;
+        for chunk in report.turns.chunks(BATCH) {
+            self.write(|tx| {
+                let mut keys = Vec::with_capacity(chunk.len());
+                let mut freed = 0u64;
+                for t in chunk {
+                    // Re-read in the write transaction: the store compacts only a settled,
+                    // not yet compacted row, whatever happened since the plan.
+                    let Some(rec) = tx.turn(&t.turn_key)? else {
+                        continue;
+                    };
+                    if rec.data_error.is_some() {
+                        continue;
+                    }
+                    let data = compact_journal_data(&rec.data);
+                    if tx.retention_tx().compact_turn(&t.turn_key, &data, now)? {
+                        keys.push(t.turn_key.as_str());
+                        freed += t.bytes_before.saturating_sub(t.bytes_after);
+                    }
+                }
+                if !keys.is_empty() {
+                    log_op(
+                        tx,
+                        None,
+                        actor,
+                        "gc_compact_turns",
+                        json!({"turn_keys": keys, "bytes_freed": freed}),
+                    )?;
+                }
+                Ok(())
+            })?;
+        }
+        let dropped = dropped_payload();
+        for chunk in report.payloads.chunks(BATCH) {
+            self.write(|tx| {
+                let mut by_goal: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+                for p in chunk {
+                    if tx
+                        .retention_tx()
+                        .drop_run_payload(&p.goal_id, &p.run_id, &dropped, now)?
+                    {
+                        by_goal.entry(&p.goal_id).or_default().push(&p.run_id);
+                    }
+                }
+                for (goal_id, run_ids) in by_goal {
+                    log_op(
+                        tx,
+                        Some(goal_id),
+                        actor,
+                        "gc_drop_run_payloads",
+                        json!({"run_ids": run_ids}),
+                    )?;
+                }
+                Ok(())
+            })?;
+        }
+        for month in &report.report_months {
+            self.retire_reports(actor, month)?;
+        }
+        for g in self.goals()? {
+            // The monthly archive of the goal's projections, written once per month.
+            let since = now - report.policy.live_window_days * DAY_MS;
+            let archived = self.write_goal_archives_before(&g.id, since);
+            self.after_commit("writing the goal's monthly archive", archived);
+        }
+        let (_, after) = self.store.vacuum()?;
+        report.applied = true;
+        report.database_bytes_after = Some(after);
+        Ok(report)
+    }
+
+    /// Records the removal of one month's report files in the operation log, marks the month
+    /// retired (so no later write re-creates its reports), then removes the files. A kill at any
+    /// point leaves files the next `gc` finds and removes; every removal is logged before it
+    /// happens.
+    fn retire_reports(&mut self, actor: &Actor, month: &ReportRetirement) -> Result<()> {
+        let files: Vec<String> = month
+            .files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect();
+        self.write(|tx| {
+            log_op(
+                tx,
+                Some(&month.goal_id),
+                actor,
+                "gc_retire_reports",
+                json!({"month": month.month, "runs": month.runs, "removed": files}),
+            )
+        })?;
+        if !month.mark_exists {
+            let mark =
+                json!({"month": month.month, "runs": month.runs, "retired_at": Rfc3339(now_ms())});
+            super::projection::write_atomic(
+                &month.mark,
+                &serde_json::to_vec(&mark).unwrap_or_default(),
+            )?;
+        }
+        for f in &month.files {
+            match std::fs::remove_file(f) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(LoopxError::io(f, format!("removing {}", f.display()), e));
+                }
+            }
+        }
+        // The month's directories of the sharded layout, once empty (ignored while not).
+        let runs_dir = self.paths().runs_dir(&month.goal_id);
+        let dirs: std::collections::BTreeSet<&std::path::Path> =
+            month.files.iter().filter_map(|f| f.parent()).collect();
+        for dir in dirs.into_iter().filter(|d| *d != runs_dir) {
+            let _ = std::fs::remove_dir(dir);
+        }
+        Ok(())
+    }
+}
+
+/// The payload a run keeps once `gc` dropped it: says so, so a reader of `history` knows the
+/// snapshot existed.
+fn dropped_payload() -> serde_json::Value {
+    json!({"dropped_by_gc": true})
+}
+
+fn json_len(v: &serde_json::Value) -> u64 {
+    serde_json::to_vec(v).map(|b| b.len() as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn month_bounds_cover_the_calendar() {
+        let t = 1_796_182_974_839; // 2026-12-02
+        let (s, e) = month_bounds(t);
+        assert_eq!(crate::clock::rfc3339(s), "2026-12-01T00:00:00.000Z");
+        assert_eq!(crate::clock::rfc3339(e), "2027-01-01T00:00:00.000Z");
+        assert_eq!(month_label(t), "2026-12");
+        let (s, e) = month_bounds(days_from_civil(2024, 2, 10) * DAY_MS);
+        assert_eq!((e - s) / DAY_MS, 29, "leap February");
+        let months = complete_months(days_from_civil(2025, 11, 20) * DAY_MS, t);
+        let labels: Vec<String> = months.iter().map(|m| month_label(m.0)).collect();
+        assert_eq!(
+            labels,
+            [
+                "2025-11", "2025-12", "2026-01", "2026-02", "2026-03", "2026-04", "2026-05",
+                "2026-06", "2026-07", "2026-08", "2026-09", "2026-10", "2026-11"
+            ]
+        );
+    }
+
+    #[test]
+    fn days_out_of_range_are_refused_naming_the_flag() {
+        let e = check_days("history_days", -1).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("--history-days"), "{e}");
+        assert!(check_days("history_days", MAX_DAYS + 1).is_err());
+        assert!(check_days("history_days", 0).is_ok());
+    }
+}

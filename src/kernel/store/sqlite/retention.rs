@@ -1,0 +1,336 @@
+//! Retention on SQLite: the operator's policy row, the rows `loopx gc` compacts (settled turn
+//! journals, old run payloads), the time-bounded reads of the goal projections' live window and
+//! monthly archive, and `VACUUM`. Kept apart from the turn and run modules, whose queries are on
+//! every turn's hot path; these run when an operator asks, or read through `todos_by_finish`.
+
+use super::*;
+use crate::kernel::store::{CompactableTurn, RetentionPolicy, RetentionRead, RetentionTx};
+
+/// The terminal statuses (`TodoStatus::is_terminal`) as SQL: `todos_by_finish` is walked per
+/// status.
+const TERMINAL: &str = "('completed', 'archived')";
+
+impl Db<'_> {
+    fn retention_policy(&self) -> Result<Option<RetentionPolicy>> {
+        self.query_opt(
+            "SELECT live_window_days, journal_full_days, keep_journal_bodies, report_files_days, \
+             history_days FROM retention_policy WHERE id = 1",
+            [],
+            |r| {
+                Ok(RetentionPolicy {
+                    live_window_days: r.get(0)?,
+                    journal_full_days: r.get(1)?,
+                    keep_journal_bodies: r.get(2)?,
+                    report_files_days: r.get(3)?,
+                    history_days: r.get(4)?,
+                })
+            },
+            "reading the retention policy",
+        )
+    }
+
+    fn set_retention_policy(&self, p: &RetentionPolicy, now: i64) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO retention_policy (id, live_window_days, journal_full_days, \
+                 keep_journal_bodies, report_files_days, history_days, updated_at) \
+                 VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(id) DO UPDATE SET \
+                 live_window_days = excluded.live_window_days, \
+                 journal_full_days = excluded.journal_full_days, \
+                 keep_journal_bodies = excluded.keep_journal_bodies, \
+                 report_files_days = excluded.report_files_days, \
+                 history_days = excluded.history_days, updated_at = excluded.updated_at",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    p.live_window_days,
+                    p.journal_full_days,
+                    p.keep_journal_bodies,
+                    p.report_files_days,
+                    p.history_days,
+                    now
+                ])
+            })
+            .map_err(self.err("writing the retention policy"))?;
+        Ok(())
+    }
+
+    fn compactable_turns(&self, before: i64, limit: usize) -> Result<Vec<CompactableTurn>> {
+        self.query_all(
+            "SELECT turn_key, goal_id, length(CAST(data AS BLOB)) FROM turns \
+             WHERE status <> 'in_progress' AND compacted_at IS NULL AND updated_at < ?1 \
+             ORDER BY updated_at, turn_key LIMIT ?2",
+            params![before, i64::try_from(limit).unwrap_or(i64::MAX)],
+            |r| {
+                Ok(CompactableTurn {
+                    turn_key: r.get(0)?,
+                    goal_id: r.get(1)?,
+                    data_bytes: r.get(2)?,
+                })
+            },
+            "listing turns to compact",
+        )
+    }
+
+    fn compact_turn(&self, turn_key: &str, data: &serde_json::Value, at: i64) -> Result<bool> {
+        let changed = self
+            .conn
+            .prepare_cached(
+                "UPDATE turns SET data = ?2, compacted_at = ?3 WHERE turn_key = ?1 \
+                 AND status <> 'in_progress' AND compacted_at IS NULL",
+            )
+            .and_then(|mut s| s.execute(params![turn_key, to_json(data), at]))
+            .map_err(self.err("compacting a turn's journal"))?;
+        Ok(changed == 1)
+    }
+
+    fn runs_created_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Run>> {
+        self.query_all(
+            &format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND created_at >= ?2 \
+                 AND created_at < ?3 ORDER BY created_at, id"
+            ),
+            params![goal_id, from, to],
+            run_from_row,
+            "listing runs by time",
+        )
+    }
+
+    fn runs_with_payload_before(
+        &self,
+        goal_id: &str,
+        before: i64,
+        limit: usize,
+    ) -> Result<Vec<(String, i64)>> {
+        self.query_all(
+            "SELECT id, length(CAST(payload AS BLOB)) FROM runs WHERE goal_id = ?1 \
+             AND created_at < ?2 AND payload_dropped_at IS NULL ORDER BY created_at, id LIMIT ?3",
+            params![goal_id, before, i64::try_from(limit).unwrap_or(i64::MAX)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+            "listing old run payloads",
+        )
+    }
+
+    fn drop_run_payload(
+        &self,
+        goal_id: &str,
+        run_id: &str,
+        payload: &serde_json::Value,
+        at: i64,
+    ) -> Result<bool> {
+        let changed = self
+            .conn
+            .prepare_cached(
+                "UPDATE runs SET payload = ?3, payload_dropped_at = ?4 WHERE goal_id = ?1 \
+                 AND id = ?2 AND payload_dropped_at IS NULL",
+            )
+            .and_then(|mut s| s.execute(params![goal_id, run_id, to_json(payload), at]))
+            .map_err(self.err("dropping a run's payload"))?;
+        Ok(changed == 1)
+    }
+
+    fn oldest_run_at(&self, goal_id: &str) -> Result<Option<i64>> {
+        self.query_one(
+            "SELECT MIN(created_at) FROM runs WHERE goal_id = ?1",
+            [goal_id],
+            |r| r.get(0),
+            "finding the oldest run",
+        )
+    }
+
+    fn todos_finished_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Todo>> {
+        let mut out = Vec::new();
+        self.visit_todos(
+            &format!(" AND status IN {TERMINAL} AND updated_at >= ?2 AND updated_at < ?3"),
+            params![goal_id, from, to],
+            &mut |todo, _| {
+                out.push(todo.clone());
+                Ok(())
+            },
+        )?;
+        out.sort_by(|a, b| (a.updated_at, &a.id).cmp(&(b.updated_at, &b.id)));
+        let out = self.with_deps(out)?;
+        Ok(out)
+    }
+
+    fn oldest_finished_todo_at(&self, goal_id: &str) -> Result<Option<i64>> {
+        self.query_one(
+            &format!(
+                "SELECT MIN(updated_at) FROM todos WHERE goal_id = ?1 AND status IN {TERMINAL}"
+            ),
+            [goal_id],
+            |r| r.get(0),
+            "finding the oldest finished todo",
+        )
+    }
+
+    fn finished_todo_counts_before(
+        &self,
+        goal_id: &str,
+        before: i64,
+    ) -> Result<Vec<(String, String, i64)>> {
+        self.query_all(
+            &format!(
+                "SELECT role, status, COUNT(*) FROM todos WHERE goal_id = ?1 AND status IN {TERMINAL} \
+                 AND updated_at < ?2 GROUP BY role, status ORDER BY role, status"
+            ),
+            params![goal_id, before],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            "counting finished todos",
+        )
+    }
+
+    fn run_count_before(&self, goal_id: &str, before: i64) -> Result<i64> {
+        self.query_one(
+            "SELECT COUNT(*) FROM runs WHERE goal_id = ?1 AND created_at < ?2",
+            params![goal_id, before],
+            |r| r.get(0),
+            "counting older runs",
+        )
+    }
+
+    /// The live-window variant of `for_each_projected_todo`: open todos, then the terminal ones
+    /// written at or after `finished_since`, each part one range of `todos_by_finish`.
+    pub(super) fn for_each_live_projected_todo(
+        &self,
+        goal_id: &str,
+        format: i64,
+        finished_since: i64,
+        visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT view_key, view_json, view_md, id, view_format IS ?2 AND claim_agent IS NULL \
+                 FROM todos WHERE goal_id = ?1 AND status NOT IN {TERMINAL} \
+                 UNION ALL \
+                 SELECT view_key, view_json, view_md, id, view_format IS ?2 AND claim_agent IS NULL \
+                 FROM todos WHERE goal_id = ?1 AND status IN {TERMINAL} AND updated_at >= ?3"
+            ))
+            .map_err(self.err("listing live projected todos"))?;
+        let mut rows = stmt
+            .query(params![goal_id, format, finished_since])
+            .map_err(self.err("listing live projected todos"))?;
+        let mut uncached: Vec<String> = Vec::new();
+        while let Some(row) = rows
+            .next()
+            .map_err(self.err("listing live projected todos"))?
+        {
+            match super::projection_cache::cached_lines(row)
+                .map_err(self.err("listing live projected todos"))?
+            {
+                Some(lines) => visit(ProjectedTodo::Cached(lines))?,
+                None => uncached.push(
+                    row.get(3)
+                        .map_err(self.err("listing live projected todos"))?,
+                ),
+            }
+        }
+        if uncached.is_empty() {
+            return Ok(());
+        }
+        self.visit_todos(
+            " AND id IN (SELECT value FROM json_each(?2))",
+            params![goal_id, to_json(&uncached)],
+            &mut |todo, order| visit(ProjectedTodo::Uncached(todo, order)),
+        )
+    }
+}
+
+impl<M: Mode> RetentionRead for SqliteTx<'_, M> {
+    fn retention_policy(&self) -> Result<Option<RetentionPolicy>> {
+        self.db().retention_policy()
+    }
+    fn compactable_turns(&self, before: i64, limit: usize) -> Result<Vec<CompactableTurn>> {
+        self.db().compactable_turns(before, limit)
+    }
+    fn runs_created_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Run>> {
+        self.db().runs_created_between(goal_id, from, to)
+    }
+    fn runs_with_payload_before(
+        &self,
+        goal_id: &str,
+        before: i64,
+        limit: usize,
+    ) -> Result<Vec<(String, i64)>> {
+        self.db().runs_with_payload_before(goal_id, before, limit)
+    }
+    fn oldest_run_at(&self, goal_id: &str) -> Result<Option<i64>> {
+        self.db().oldest_run_at(goal_id)
+    }
+    fn todos_finished_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Todo>> {
+        self.db().todos_finished_between(goal_id, from, to)
+    }
+    fn oldest_finished_todo_at(&self, goal_id: &str) -> Result<Option<i64>> {
+        self.db().oldest_finished_todo_at(goal_id)
+    }
+    fn finished_todo_counts_before(
+        &self,
+        goal_id: &str,
+        before: i64,
+    ) -> Result<Vec<(String, String, i64)>> {
+        self.db().finished_todo_counts_before(goal_id, before)
+    }
+    fn run_count_before(&self, goal_id: &str, before: i64) -> Result<i64> {
+        self.db().run_count_before(goal_id, before)
+    }
+}
+
+impl RetentionTx for SqliteTx<'_, Write> {
+    fn set_retention_policy(&self, policy: &RetentionPolicy, now: i64) -> Result<()> {
+        self.db().set_retention_policy(policy, now)
+    }
+    fn compact_turn(&self, turn_key: &str, data: &serde_json::Value, at: i64) -> Result<bool> {
+        self.db().compact_turn(turn_key, data, at)
+    }
+    fn drop_run_payload(
+        &self,
+        goal_id: &str,
+        run_id: &str,
+        payload: &serde_json::Value,
+        at: i64,
+    ) -> Result<bool> {
+        self.db().drop_run_payload(goal_id, run_id, payload, at)
+    }
+}
+
+impl SqliteStore {
+    /// `VACUUM` rebuilds the file without its free pages; the truncating checkpoint then moves
+    /// the rebuilt pages out of the WAL and gives the WAL's blocks back, which the per-commit
+    /// restart (`SqliteTx::restart_wal`) deliberately keeps: after a vacuum they are the size of
+    /// the whole database.
+    pub(super) fn vacuum(&mut self) -> Result<(u64, u64)> {
+        refuse_if_damaged(&self.path)?;
+        let before = self.file_bytes();
+        let db = Db::new(&self.conn, &self.path);
+        self.conn
+            .execute_batch("VACUUM")
+            .map_err(db.err("vacuuming the database"))?;
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .map_err(db.err("checkpointing after the vacuum"))?;
+        Ok((before, self.file_bytes()))
+    }
+
+    /// The database file and its WAL, in bytes (a missing WAL counts 0).
+    fn file_bytes(&self) -> u64 {
+        [self.path.clone(), wal_path(&self.path)]
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+
+    pub(super) fn storage_bytes(&self) -> Result<(u64, u64)> {
+        let db = Db::new(&self.conn, &self.path);
+        let (free, page): (i64, i64) = self
+            .conn
+            .query_row(
+                "SELECT freelist_count, page_size FROM pragma_freelist_count, pragma_page_size",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(db.err("measuring the database"))?;
+        Ok((self.file_bytes(), (free.max(0) * page.max(0)) as u64))
+    }
+}
