@@ -1,4 +1,6 @@
-//! `loopx loop`: repeat turns under a bounded budget (docs/turn-protocol.md, "The loop").
+//! `loopx loop`: repeat turns under a bounded budget (docs/turn-protocol.md, "The loop"); with
+//! `--watch` the heartbeat that runs until a signal, with `--once` one cron-safe tick of it
+//! (docs/operator-guide.md, "The heartbeat").
 
 use std::io::Write;
 
@@ -9,16 +11,27 @@ use super::output::Output;
 use super::turn::TurnArgs;
 use super::{Context, opt};
 use crate::error::Result;
+use crate::model::ProbeSpec;
 use crate::turn::host::install_stop_handlers;
-use crate::turn::loop_ctl::{DEFAULT_MAX_UNVALIDATED_TURNS, LoopRequest, run_loop};
+use crate::turn::loop_ctl::{
+    DEFAULT_MAX_UNVALIDATED_TURNS, HeartbeatRequest, LoopRequest, run_heartbeat, run_loop,
+};
 
 #[derive(Debug, Args)]
 pub struct LoopArgs {
     #[command(flatten)]
     pub turn: TurnArgs,
-    /// Most turns this loop runs (default 10).
-    #[arg(long, default_value_t = 10, allow_hyphen_values = true, value_parser = super::flags::max_turns)]
-    pub max_turns: u32,
+    /// Most turns this loop runs (default 10; with --watch or --once, no limit).
+    #[arg(long, allow_hyphen_values = true, value_parser = super::flags::max_turns)]
+    pub max_turns: Option<u32>,
+    /// The heartbeat: run due monitors and turns, sleep until the next thing is due or the state
+    /// changes, and go on until SIGTERM/SIGINT.
+    #[arg(long, conflicts_with_all = ["once", "until_idle"])]
+    pub watch: bool,
+    /// One heartbeat tick (for cron or a systemd timer): run what is due now, then exit. Safe to
+    /// run overlapping: a check or turn another tick claimed is not run again.
+    #[arg(long, conflicts_with = "until_idle")]
+    pub once: bool,
     /// Stop once nothing is runnable for this agent and no other agent holds work on the goal
     /// (instead of sleeping until something is).
     #[arg(long)]
@@ -36,10 +49,13 @@ pub struct LoopArgs {
 }
 
 pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
+    if args.watch || args.once {
+        return heartbeat(ctx, args);
+    }
     let mut kernel = ctx.kernel()?;
     let req = LoopRequest {
         turn: args.turn.request(ctx)?,
-        max_turns: args.max_turns,
+        max_turns: args.max_turns.unwrap_or(10),
         until_idle: args.until_idle,
         max_sleep_seconds: args
             .max_sleep_seconds
@@ -107,4 +123,75 @@ pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
             ),
         ])
         .table(&["#", "todo", "kind", "time", "turn"], rows))
+}
+
+/// The text a provider-backed check compares by digest: the observation's facts and body (not
+/// its summary, which may carry timing).
+fn probe_text(obs: &crate::plugin::Observation) -> String {
+    serde_json::to_string(&json!({"kind": obs.kind, "facts": obs.facts, "body": obs.body}))
+        .unwrap_or_default()
+}
+
+/// Runs a provider-backed monitor's probe with the provider's granted permissions and limits.
+fn call_probe(
+    host: &crate::plugin::registry::PluginHost,
+    kernel: &mut crate::kernel::Kernel,
+    spec: &ProbeSpec,
+) -> std::result::Result<String, String> {
+    let request = crate::plugin::ObserveRequest {
+        operation: spec.operation.clone(),
+        target: spec.target.clone(),
+        params: Default::default(),
+    };
+    crate::plugin::invoke::call_provider(kernel, host, &spec.provider, &request)
+        .map(|(obs, _)| probe_text(&obs))
+        .map_err(|e| format!("provider {} failed: {e}", spec.provider))
+}
+
+fn heartbeat(ctx: &Context, args: LoopArgs) -> Result<Output> {
+    let mut kernel = ctx.kernel()?;
+    let req = HeartbeatRequest {
+        turn: args.turn.request(ctx)?,
+        once: args.once,
+        max_turns: args.max_turns,
+        max_sleep_seconds: args.max_sleep_seconds.unwrap_or(3600),
+        max_consecutive_failures: args.max_consecutive_failures,
+        max_unvalidated_turns: args.max_unvalidated_turns,
+    };
+    install_stop_handlers();
+    let host = crate::plugin::registry::PluginHost::for_project(kernel.paths());
+    let mut probe = |k: &mut crate::kernel::Kernel, spec: &ProbeSpec| call_probe(&host, k, spec);
+    let report = run_heartbeat(&mut kernel, &req, &mut probe, |line| {
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
+    })?;
+    let rows = report
+        .checks
+        .iter()
+        .map(|c| {
+            vec![
+                c.todo_id.clone(),
+                c.check_seq.to_string(),
+                c.result.clone(),
+                opt(&c.follow_up_todo),
+                opt(&c.detail),
+            ]
+        })
+        .collect();
+    Ok(Output::new(json!({ "heartbeat": report }))
+        .heading(format!(
+            "Heartbeat of {} on {}: {} tick(s), {} check(s), {} turn(s)",
+            report.agent_id,
+            report.goal_id,
+            report.ticks,
+            report.checks.len(),
+            report.turns.len()
+        ))
+        .fields([
+            ("stopped", report.stop_reason.clone()),
+            ("final route", report.final_route.to_string()),
+            ("ended monitors", report.ended_monitors.join(", ")),
+            ("resumed todos", report.resumed_todos.join(", ")),
+            ("interrupted", report.interrupted.to_string()),
+        ])
+        .table(&["monitor", "check", "result", "follow-up", "detail"], rows))
 }

@@ -53,6 +53,11 @@ wire_enum!(
         BackoffUntilStateChange => "backoff_until_state_change",
         WaitForQuota => "wait_for_quota",
         WaitForTurn => "wait_for_turn",
+        /// A monitor's check is due: the agent runs it (route `ready_for_host`), or, for a
+        /// provider-backed monitor, the heartbeat does (route `wait`).
+        MonitorDue => "monitor_due",
+        /// Only monitors remain and none is due: ask again after the hint.
+        MonitorQuiet => "monitor_quiet",
     }
 );
 
@@ -101,6 +106,12 @@ pub struct Decision {
     pub decided_at: i64,
     /// The live turn already working the lease this agent holds (route `wait`).
     pub working_turn: Option<String>,
+    /// The due monitor (scheduler action `monitor_due`).
+    pub monitor: Option<crate::model::Monitor>,
+    /// The instant behind `next_check_after_seconds` when it is a scheduled event (a monitor due,
+    /// a lease expiring, a deferred todo resuming), to the millisecond: the heartbeat sleeps
+    /// until it.
+    pub wake_at: Option<i64>,
 }
 
 /// How long a second turn of the same agent waits before deciding again while the first one
@@ -257,6 +268,7 @@ impl Decision {
                 "action": self.scheduler_action,
                 "next_check_after_seconds": self.next_check_after_seconds,
             },
+            "monitor": self.monitor.as_ref().map(|m| crate::kernel::projection::monitor_json(m, self.decided_at)),
             "decided_at": rfc3339(self.decided_at),
         })
     }
@@ -312,7 +324,21 @@ pub(crate) fn decide_in_tx(
         next_check_after_seconds: 300,
         decided_at: now,
         working_turn: None,
+        monitor: None,
+        wake_at: None,
     };
+    let schedule = super::monitor::schedule_in_tx(tx, goal_id, now)?;
+    // The earliest instant that can change this decision without a write: a monitor falling
+    // due, a lease expiring, a deferred todo resuming (docs/cli.md, `scheduler_hint`).
+    let next_event = [
+        schedule.next_due_at,
+        tx.next_lease_expiry(goal_id, now)?,
+        tx.next_deferrals(goal_id, 1)?.first().map(|d| d.until_at),
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    let seconds_until = |t: i64| ((t - now).max(0) as u64).div_ceil(1000);
     let (route, reason, action, after): (TurnRoute, String, SchedulerAction, u64) = if goal.status
         == GoalStatus::Closed
     {
@@ -356,6 +382,14 @@ pub(crate) fn decide_in_tx(
             SchedulerAction::BackoffWaitingForUser,
             600,
         )
+    } else if let Some(due) = schedule.due.as_ref().filter(|m| m.monitor.probe.is_some()) {
+        // A provider-backed check spends no quota and no agent turn: the heartbeat runs it.
+        let reason = format!(
+            "monitor '{}' is due: the heartbeat (`loopx loop --watch` or `--once`) runs its probe",
+            due.monitor.todo_id
+        );
+        d.monitor = Some(due.monitor.clone());
+        (TurnRoute::Wait, reason, SchedulerAction::MonitorDue, 0)
     } else if d.quota.state != QuotaState::Eligible {
         let policy = &d.quota.policy;
         let after = tx
@@ -413,7 +447,28 @@ pub(crate) fn decide_in_tx(
             });
             (TurnRoute::ReadyForHost, reason, SchedulerAction::RunNow, 0)
         }
-    } else if let Some(todo) = tx.ready_todos(goal_id, now, 1)?.pop() {
+    } else if let Some(due) = schedule.due.as_ref() {
+        // Monitors are checked before ordinary work. A turn on the monitor records its check
+        // (`loopx todo check`); the check never completes it.
+        let todo = super::require_todo(tx, goal_id, &due.monitor.todo_id)?;
+        let reason = format!(
+            "monitor '{}' is due: check it and record the observation with `loopx todo check`",
+            todo.id
+        );
+        let key = format!("{agent_id}.{}.f{}", todo.id, todo.last_fence + 1);
+        d.monitor = Some(due.monitor.clone());
+        d.selected_todo = Some(SelectedTodo {
+            todo,
+            selected_by: SelectedBy::Ready,
+            claim_key: key,
+        });
+        (
+            TurnRoute::ReadyForHost,
+            reason,
+            SchedulerAction::MonitorDue,
+            0,
+        )
+    } else if let Some(todo) = ready_work(tx, goal_id, now, schedule.active)? {
         let reason = format!(
             "todo '{}' [{}] is ready: {}",
             todo.id, todo.priority, todo.title
@@ -437,6 +492,8 @@ pub(crate) fn decide_in_tx(
             })
             .map(|c| c.2)
             .sum();
+        // Scheduled monitors are agent todos that are never done: they are not pending work.
+        let pending = pending - schedule.active;
         if pending > 0 {
             (
                 TurnRoute::Wait,
@@ -444,7 +501,22 @@ pub(crate) fn decide_in_tx(
                     "{pending} agent todos remain but none is ready for '{agent_id}' (claimed by others, blocked, deferred or waiting on dependencies)"
                 ),
                 SchedulerAction::BackoffUntilStateChange,
-                300,
+                match next_event {
+                    Some(t) if seconds_until(t) <= 300 => {
+                        d.wake_at = Some(t);
+                        seconds_until(t)
+                    }
+                    _ => 300,
+                },
+            )
+        } else if schedule.active > 0 {
+            d.wake_at = next_event;
+            let after = next_event.map_or(0, seconds_until);
+            (
+                TurnRoute::Wait,
+                format!("only monitors remain and none is due; the next check is due in {after}s"),
+                SchedulerAction::MonitorQuiet,
+                after,
             )
         } else {
             (
@@ -461,6 +533,26 @@ pub(crate) fn decide_in_tx(
     d.scheduler_action = action;
     d.next_check_after_seconds = after;
     Ok(d)
+}
+
+/// The best ready todo that is ordinary work: scheduled monitors are selected only when due (see
+/// `monitor::schedule_in_tx`), so one that sorts first in the ready queue is passed over.
+fn ready_work(tx: &dyn StoreRead, goal_id: &str, now: i64, monitors: i64) -> Result<Option<Todo>> {
+    let scheduled = |t: &Todo| -> Result<bool> {
+        Ok(t.kind == crate::model::TodoKind::Monitor && tx.monitor(goal_id, &t.id)?.is_some())
+    };
+    let Some(first) = tx.ready_todos(goal_id, now, 1)?.pop() else {
+        return Ok(None);
+    };
+    if !scheduled(&first)? {
+        return Ok(Some(first));
+    }
+    for todo in tx.ready_todos(goal_id, now, monitors as usize + 1)? {
+        if !scheduled(&todo)? {
+            return Ok(Some(todo));
+        }
+    }
+    Ok(None)
 }
 
 impl Kernel {

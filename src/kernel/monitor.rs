@@ -147,7 +147,9 @@ pub(crate) fn schedule_in_tx(tx: &dyn StoreRead, goal_id: &str, now: i64) -> Res
     }
     let mut best_due: Option<i64> = None;
     tx.visit_active_monitors(goal_id, &mut |m| {
-        if view.next_due_at.is_some_and(|n| m.monitor.next_due_at > n) {
+        // Later rows are stored due no earlier than this one, and due no earlier than stored.
+        let stored = m.monitor.next_due_at;
+        if stored > now && view.next_due_at.is_some_and(|n| stored >= n) {
             return Ok(false);
         }
         if m.monitor.expired(now) {

@@ -18,9 +18,12 @@ use super::request::TurnRequest;
 use super::{JournalStatus, TurnResultKind};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input};
+use crate::kernel::Actor;
 use crate::kernel::Kernel;
 use crate::kernel::decision::TurnRoute;
-use crate::model::wire_enum;
+use crate::kernel::monitor::Observation;
+use crate::kernel::watch::ChangeWatcher;
+use crate::model::{ProbeSpec, wire_enum};
 
 pub const LOOP_SCHEMA: &str = "loopx.loop_report.v1";
 
@@ -351,6 +354,276 @@ pub fn run_loop(
         interrupted: stop_requested(),
         elapsed_ms: started.elapsed().as_millis() as u64,
     })
+}
+
+pub const HEARTBEAT_SCHEMA: &str = "loopx.heartbeat_report.v1";
+
+/// The longest the heartbeat blocks in one wait before it looks at the stop flag: a signal does
+/// not end the change watcher's wait, so SIGTERM is noticed within this bound. One look at the
+/// store's change counter per bound is all a sleeping heartbeat does.
+const STOP_CHECK: Duration = Duration::from_secs(1);
+
+/// Runs a provider-backed monitor's probe: the observation's text, or why there is none. The
+/// plugin host (in `loopx-wasm`) fills it in; the heartbeat itself links no engine.
+pub type ProbeFn<'a> =
+    dyn FnMut(&mut Kernel, &ProbeSpec) -> std::result::Result<String, String> + 'a;
+
+/// A `loopx loop --watch` (runs until a signal) or `loopx loop --once` (one tick) invocation.
+#[derive(Debug, Clone)]
+pub struct HeartbeatRequest {
+    /// The turn run when agent work or an agent-backed monitor is due (a fresh key each time).
+    pub turn: TurnRequest,
+    /// One tick: run what is due now, then stop instead of sleeping.
+    pub once: bool,
+    /// Most turns (`None`: no limit).
+    pub max_turns: Option<u32>,
+    /// Longest sleep between decisions.
+    pub max_sleep_seconds: u64,
+    pub max_consecutive_failures: u32,
+    pub max_unvalidated_turns: u32,
+}
+
+/// One provider-backed check the heartbeat ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct HeartbeatCheck {
+    pub todo_id: String,
+    pub check_seq: i64,
+    /// `baseline`, `unchanged`, `changed` or `failed`; `superseded` when a newer check of the
+    /// same monitor claimed it first.
+    pub result: String,
+    pub follow_up_todo: Option<String>,
+    pub detail: Option<String>,
+}
+
+/// What a heartbeat did.
+#[derive(Debug, Clone, Serialize)]
+pub struct HeartbeatReport {
+    pub schema_version: &'static str,
+    pub goal_id: String,
+    pub agent_id: String,
+    pub ticks: u64,
+    pub checks: Vec<HeartbeatCheck>,
+    pub turns: Vec<TurnOutcome>,
+    pub ended_monitors: Vec<String>,
+    pub resumed_todos: Vec<String>,
+    pub final_route: TurnRoute,
+    pub stop_reason: String,
+    pub interrupted: bool,
+    pub elapsed_ms: u64,
+    pub warnings: Vec<String>,
+}
+
+/// Sleeps until `deadline_ms` on the clock, a commit by another process, or a stop signal.
+fn sleep_until_change(
+    watcher: &mut ChangeWatcher,
+    deadline_ms: i64,
+    max_sleep: Duration,
+) -> Result<()> {
+    // This process's own commits of the tick just ended are not news: absorb them first.
+    watcher.wait(Some(Duration::ZERO))?;
+    let started = Instant::now();
+    let wanted = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64).min(max_sleep);
+    while !stop_requested() {
+        let left = wanted.saturating_sub(started.elapsed());
+        if left.is_zero() || watcher.wait(Some(left.min(STOP_CHECK)))? {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// The heartbeat: each tick ends monitors past `--until` and resumes deferred todos, runs the due
+/// provider-backed checks (claimed in the kernel, so an overlapping heartbeat or cron tick never
+/// runs one twice; no agent turn, no quota slot), then runs agent turns while the decision says
+/// one is ready (agent work or an agent-backed monitor). With `once` it stops there; otherwise it
+/// sleeps until the next thing is due or another process commits, and goes on until a signal.
+pub fn run_heartbeat(
+    kernel: &mut Kernel,
+    req: &HeartbeatRequest,
+    probe: &mut ProbeFn<'_>,
+    mut on_event: impl FnMut(&str),
+) -> Result<HeartbeatReport> {
+    super::request::check_request(&req.turn)?;
+    if req.max_turns == Some(0) || req.max_unvalidated_turns == 0 {
+        return Err(bad_input(
+            "--max-turns and --max-unvalidated-turns must be at least 1",
+        ));
+    }
+    let started = Instant::now();
+    let goal_id = req.turn.goal_id.clone();
+    let agent_id = req.turn.agent_id.clone();
+    // A heartbeat's name in the operation log when it claims a check.
+    let holder = format!("{agent_id}.pid{}", std::process::id());
+    let mut watcher = if req.once {
+        None
+    } else {
+        Some(ChangeWatcher::new(kernel.paths())?)
+    };
+    let mut budget = Budget::new(
+        req.max_turns.unwrap_or(u32::MAX),
+        req.max_consecutive_failures.max(1),
+    );
+    budget.max_unvalidated_turns = req.max_unvalidated_turns;
+    let max_sleep = Duration::from_secs(req.max_sleep_seconds.max(1));
+    let mut report = HeartbeatReport {
+        schema_version: HEARTBEAT_SCHEMA,
+        goal_id: goal_id.clone(),
+        agent_id: agent_id.clone(),
+        ticks: 0,
+        checks: Vec::new(),
+        turns: Vec::new(),
+        ended_monitors: Vec::new(),
+        resumed_todos: Vec::new(),
+        final_route: TurnRoute::Wait,
+        stop_reason: String::new(),
+        interrupted: false,
+        elapsed_ms: 0,
+        warnings: Vec::new(),
+    };
+    let mut last: Option<TurnOutcome> = None;
+    let mut projected_at = 0i64;
+    report.stop_reason = loop {
+        if stop_requested() {
+            break "interrupted by a signal".to_string();
+        }
+        crate::clock::test_clock::load(&kernel.paths().state);
+        report.ticks += 1;
+        let swept = kernel.sweep_schedule(&goal_id)?;
+        for id in &swept.ended_monitors {
+            on_event(&format!("monitor {id} ended (its --until passed)"));
+        }
+        for id in &swept.resumed_todos {
+            on_event(&format!("todo {id} resumed (its --until came)"));
+        }
+        report.ended_monitors.extend(swept.ended_monitors);
+        report.resumed_todos.extend(swept.resumed_todos);
+        for m in kernel.due_probe_monitors(&goal_id)? {
+            if stop_requested() {
+                break;
+            }
+            let Some(ticket) = kernel.claim_check(&goal_id, &m.todo_id, &holder)? else {
+                continue; // another heartbeat claimed it first
+            };
+            let Some(spec) = &ticket.probe else { continue };
+            let observation = match probe(kernel, spec) {
+                Ok(text) => Observation::Value(text),
+                Err(reason) => Observation::Failed(reason),
+            };
+            let check = match kernel.record_check(
+                &Actor::Operator,
+                &goal_id,
+                &m.todo_id,
+                &observation,
+                Some(ticket.check_seq),
+            ) {
+                Ok(r) => HeartbeatCheck {
+                    todo_id: m.todo_id.clone(),
+                    check_seq: ticket.check_seq,
+                    result: r.result.to_string(),
+                    follow_up_todo: r.follow_up_todo,
+                    detail: r.monitor.last_failure,
+                },
+                Err(e) if e.exit_code() == 4 || e.exit_code() == 1 => HeartbeatCheck {
+                    todo_id: m.todo_id.clone(),
+                    check_seq: ticket.check_seq,
+                    result: "superseded".to_string(),
+                    follow_up_todo: None,
+                    detail: Some(e.to_string()),
+                },
+                Err(e) => return Err(e),
+            };
+            on_event(&format!(
+                "check {} of monitor {}: {}",
+                check.check_seq, check.todo_id, check.result
+            ));
+            report.checks.push(check);
+        }
+        let decision = plan(kernel, &goal_id, &agent_id)?;
+        report.final_route = decision.route;
+        match decide_loop(last.as_ref(), decision.route, &budget) {
+            LoopDisposition::RunNow => {
+                let mut turn = req.turn.clone();
+                turn.turn_key = None;
+                let outcome = run_turn(kernel, &turn)?;
+                if outcome.kind.is_none() {
+                    // Another agent or heartbeat took the work between the decision and the claim.
+                    if req.once {
+                        break format!("idle: {}", outcome.reason);
+                    }
+                    sleep_interruptible(Duration::from_millis(100));
+                    continue;
+                }
+                let same_todo = report
+                    .turns
+                    .last()
+                    .is_some_and(|l| l.todo_id == outcome.todo_id);
+                budget.record_turn(&outcome, same_todo);
+                if now_ms() - projected_at >= PROJECTION_INTERVAL_MS {
+                    report.warnings.extend(refresh_projection(kernel, &goal_id));
+                    projected_at = now_ms();
+                }
+                on_event(&format!(
+                    "turn {} {}",
+                    crate::inert::line(&outcome.short_line()),
+                    crate::inert::line(outcome.turn_key.as_deref().unwrap_or(""))
+                ));
+                report.turns.push(outcome.clone());
+                last = Some(outcome);
+            }
+            LoopDisposition::Terminal if budget.remaining() == 0 => {
+                break format!("turn budget of {} used", budget.max_turns);
+            }
+            disposition => {
+                let settled = recover(kernel, Some(&goal_id), None)?
+                    .iter()
+                    .any(|o| o.status != Some(JournalStatus::InProgress));
+                if settled {
+                    last = None;
+                    continue;
+                }
+                if req.once {
+                    break format!("tick done ({disposition}): {}", decision.reason);
+                }
+                let Some(w) = watcher.as_mut() else {
+                    break format!("tick done ({disposition}): {}", decision.reason);
+                };
+                // Until the next thing is due: the decision's exact instant when it has one, or
+                // its hint; a due provider-backed monitor of a goal waiting on quota wakes it
+                // too (its checks spend none).
+                let now = now_ms();
+                let mut wake = decision
+                    .wake_at
+                    .unwrap_or(now + decision.next_check_after_seconds.max(1) as i64 * 1000);
+                if let Some(next) = kernel.schedule(&goal_id)?.next_due_at {
+                    wake = wake.min(next);
+                }
+                if matches!(
+                    disposition,
+                    LoopDisposition::Repair
+                        | LoopDisposition::NoValidatedProgress
+                        | LoopDisposition::Terminal
+                ) {
+                    // Nothing runs until someone changes the state (or a monitor falls due).
+                    wake = kernel
+                        .schedule(&goal_id)?
+                        .next_due_at
+                        .unwrap_or(now + max_sleep.as_millis() as i64);
+                }
+                sleep_until_change(w, wake, max_sleep)?;
+                last = None;
+                budget.consecutive_failures = 0;
+                budget.unvalidated_turns = 0;
+            }
+        }
+    };
+    if !report.turns.is_empty() {
+        report.warnings.extend(refresh_projection(kernel, &goal_id));
+    }
+    report.warnings.sort();
+    report.warnings.dedup();
+    report.interrupted = stop_requested();
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
 }
 
 #[cfg(test)]
