@@ -111,6 +111,7 @@ fn served(command: &Command) -> Result<()> {
         Command::Backup(_) => "backup",
         // `man --out` writes files with the driver's rights, outside the host's isolation.
         Command::Man(_) => "man",
+        Command::Serve(_) => "serve",
     };
     Err(refused(format!(
         "`loopx {name}` is not available inside a turn: a host works its todo through the agent \

@@ -25,6 +25,7 @@ mod provider;
 mod quota;
 mod refresh_state;
 mod reward;
+pub mod serve;
 mod start_goal;
 mod status;
 mod summary;
@@ -121,6 +122,8 @@ pub enum Command {
     Completions(completions::CompletionsArgs),
     /// Print the manual page (roff), or write one page per command with --out DIR.
     Man(man::ManArgs),
+    /// Serve the read-only web dashboard and its JSON API (runs `loopx-serve`, beside `loopx`).
+    Serve(serve::ServeArgs),
 }
 
 // A command group (`goal`, `todo`, `quota`, ...) as an argument struct rather than a
@@ -325,6 +328,7 @@ fn dispatch(ctx: &Context, command: Command, wasm: WasmDispatch) -> Result<Outpu
         Command::Backup(args) => backup::run(ctx, args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(ctx, args),
+        Command::Serve(args) => serve::run(ctx, args),
         Command::Turn(_)
         | Command::Loop(_)
         | Command::Extension(_)

@@ -1,0 +1,544 @@
+//! LoopX's read-only web dashboard: the JSON API, the event stream and the page.
+//!
+//! An operator leaves the page open all day, so three things shape this crate. It never writes:
+//! every API route is a GET that runs one of the CLI's read-only commands in-process
+//! (`loopx::cli::serve::api_read`, one kernel per request, read snapshots only), and no other
+//! method is routed. It is live without polling: one thread sleeps in the kernel's
+//! [`ChangeWatcher`] and wakes every open page through a broadcast channel and Server-Sent
+//! Events. And it is safe to leave open: loopback by default, a token for anything else, the
+//! `Host` header checked against the listen address (DNS rebinding), a strict
+//! Content-Security-Policy, and every value from the store put on the page as text.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use loopx::cli::serve::{api_read, error_json, run_report};
+use loopx::error::LoopxError;
+use loopx::kernel::watch::ChangeWatcher;
+use loopx::paths::ProjectPaths;
+use serde::Deserialize;
+use tokio::sync::broadcast;
+
+/// The page, its script and its style, compiled in: no build step, nothing fetched at run time.
+const INDEX_HTML: &str = include_str!("../assets/index.html");
+const APP_JS: &str = include_str!("../assets/app.js");
+const APP_CSS: &str = include_str!("../assets/app.css");
+/// The API's OpenAPI 3.1 document, written by hand; `tests/api.rs` validates every route's
+/// responses against it.
+pub const OPENAPI_JSON: &str = include_str!("../assets/openapi.json");
+
+/// The policy every response carries: only this origin's own script, style and connections; no
+/// inline script, no plugins, no framing.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+     style-src 'self'; img-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; \
+     form-action 'none'; frame-ancestors 'none'";
+
+/// The cookie `?token=` sets, so the page's own requests (and its event stream, which cannot
+/// send headers) carry the token.
+pub const TOKEN_COOKIE: &str = "loopx_token";
+
+/// What the server was started with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub paths: ProjectPaths,
+    /// The address the listener is bound to (after the OS picked a port for `:0`).
+    pub listen: SocketAddr,
+    pub token: Option<String>,
+}
+
+/// Why a configuration cannot be served; `loopx-serve` exits 2 with it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A non-loopback address without a token.
+    TokenRequired(SocketAddr),
+    /// An empty token (or token file).
+    EmptyToken,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::TokenRequired(addr) => write!(
+                f,
+                "refusing to listen on {addr} without a token: anyone who can reach that \
+                 address could read the project. Pass --token-file FILE (or --token TOKEN), or \
+                 listen on loopback (--listen 127.0.0.1:PORT)"
+            ),
+            ConfigError::EmptyToken => write!(
+                f,
+                "the token is empty; put a long random token in the file (for example `openssl \
+                 rand -hex 32 > token`) or pass a non-empty --token"
+            ),
+        }
+    }
+}
+
+/// Checks that `listen` may be served with `token`.
+pub fn check_config(listen: SocketAddr, token: Option<&str>) -> Result<(), ConfigError> {
+    match token {
+        Some("") => Err(ConfigError::EmptyToken),
+        None if !listen.ip().is_loopback() => Err(ConfigError::TokenRequired(listen)),
+        _ => Ok(()),
+    }
+}
+
+struct AppState {
+    config: Config,
+    changes: broadcast::Sender<u64>,
+}
+
+type Shared = Arc<AppState>;
+
+/// The dashboard's routes, behind the host, token and header checks. `changes` carries one
+/// message per commit noticed (see [`watch_changes`]).
+pub fn router(config: Config, changes: broadcast::Sender<u64>) -> Router {
+    let state = Arc::new(AppState { config, changes });
+    Router::new()
+        .route("/", get(index))
+        .route("/app.js", get(app_js))
+        .route("/app.css", get(app_css))
+        .route("/api/v1/openapi.json", get(openapi))
+        .route("/api/v1/events", get(events))
+        .route("/api/v1/status", get(status))
+        .route("/api/v1/goals", get(goal_list))
+        .route("/api/v1/goals/{goal}", get(goal_show))
+        .route("/api/v1/goals/{goal}/todos", get(todo_list))
+        .route("/api/v1/goals/{goal}/todos/{todo}", get(todo_show))
+        .route("/api/v1/goals/{goal}/gates", get(gate_list))
+        .route("/api/v1/goals/{goal}/quota", get(quota_show))
+        .route("/api/v1/goals/{goal}/should-run", get(should_run))
+        .route("/api/v1/goals/{goal}/summary", get(summary))
+        .route("/api/v1/goals/{goal}/history", get(history))
+        .route("/api/v1/goals/{goal}/runs/{run}", get(run_show))
+        .route("/api/v1/turns", get(turn_list))
+        .route("/api/v1/turns/{turn}", get(turn_show))
+        .route("/api/v1/extensions", get(extension_list))
+        .route("/api/v1/extensions/{id}", get(extension_show))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+/// Sleeps in a [`ChangeWatcher`] on its own thread and sends one message per commit noticed.
+/// Returns when the watcher fails (the error) or nobody can receive any more.
+pub fn watch_changes(
+    paths: &ProjectPaths,
+    changes: broadcast::Sender<u64>,
+) -> loopx::error::Result<()> {
+    let mut watcher = ChangeWatcher::new(paths)?;
+    let mut seq = 0u64;
+    loop {
+        // A bounded wait, so a server with no page open notices its channel closed.
+        if watcher.wait(Some(Duration::from_secs(60)))? {
+            seq += 1;
+            // No receiver (no page open) is not an error: the next page fetches fresh state.
+            let _ = changes.send(seq);
+        }
+    }
+}
+
+/// Refuses requests for another host (DNS rebinding) or without the token, and puts the
+/// security headers on every response, refusals included.
+async fn guard(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let mut response = match refusal(&state.config, &request) {
+        Some(refused) => refused,
+        None => next.run(request).await,
+    };
+    secure_headers(response.headers_mut());
+    response
+}
+
+/// The answer to a request that may not go on: another host, or a missing or wrong token (or
+/// the redirect that moves a `?token=` into a cookie).
+fn refusal(config: &Config, request: &Request) -> Option<Response> {
+    if !host_allowed(config.listen, request.headers()) {
+        return Some(
+            (
+                StatusCode::MISDIRECTED_REQUEST,
+                "this server answers only for the address it listens on (Host header refused)\n",
+            )
+                .into_response(),
+        );
+    }
+    let token = config.token.as_deref()?;
+    if let Some(given) = query_token(request.uri().query()) {
+        if !same_secret(given.as_bytes(), token.as_bytes()) {
+            return Some(unauthorized());
+        }
+        // The token moves from the address into a cookie, and out of the address bar.
+        let mut response = (
+            StatusCode::SEE_OTHER,
+            [(header::LOCATION, request.uri().path().to_string())],
+        )
+            .into_response();
+        let cookie = format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
+        if let Ok(value) = HeaderValue::from_str(&cookie) {
+            response.headers_mut().insert(header::SET_COOKIE, value);
+        }
+        return Some(response);
+    }
+    match request_token(request.headers()) {
+        Some(t) if same_secret(t.as_bytes(), token.as_bytes()) => None,
+        _ => Some(unauthorized()),
+    }
+}
+
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "this dashboard needs its token: open it once as /?token=TOKEN, or send \
+         `Authorization: Bearer TOKEN`\n",
+    )
+        .into_response()
+}
+
+/// Whether the `Host` header names this server: `localhost` or an IP address it listens on,
+/// with its port. A DNS rebinding attack reaches the server under the attacker's host name,
+/// which is refused; an IP literal cannot be rebound.
+pub fn host_allowed(listen: SocketAddr, headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let (name, port) = match host.rsplit_once(':') {
+        Some((name, port)) if !name.is_empty() && !port.contains(']') => (name, Some(port)),
+        _ => (host, None),
+    };
+    let port_ok = match port {
+        Some(p) => p.parse::<u16>() == Ok(listen.port()),
+        None => listen.port() == 80,
+    };
+    if !port_ok {
+        return false;
+    }
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    if name.eq_ignore_ascii_case("localhost") {
+        return listen.ip().is_loopback() || listen.ip().is_unspecified();
+    }
+    match name.parse::<IpAddr>() {
+        Ok(ip) if listen.ip().is_unspecified() => !ip.is_unspecified(),
+        Ok(ip) if listen.ip().is_loopback() => ip.is_loopback(),
+        Ok(ip) => ip == listen.ip(),
+        Err(_) => false,
+    }
+}
+
+fn query_token(query: Option<&str>) -> Option<String> {
+    query?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| *k == "token")
+        .map(|(_, v)| percent_decode(v))
+}
+
+fn request_token(headers: &HeaderMap) -> Option<String> {
+    if let Some(auth) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    {
+        return Some(auth.trim().to_string());
+    }
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == TOKEN_COOKIE)
+        .map(|(_, v)| v.to_string())
+}
+
+/// Compares two secrets in time that depends on their lengths only.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn percent_decode(s: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let decoded = match bytes[i] {
+            b'%' if i + 2 < bytes.len() => hex(bytes[i + 1]).zip(hex(bytes[i + 2])),
+            _ => None,
+        };
+        match (decoded, bytes[i]) {
+            (Some((hi, lo)), _) => {
+                out.push(hi << 4 | lo);
+                i += 3;
+            }
+            (None, b'+') => {
+                out.push(b' ');
+                i += 1;
+            }
+            (None, b) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn secure_headers(headers: &mut HeaderMap) {
+    let fixed = [
+        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CACHE_CONTROL, "no-store"),
+    ];
+    for (name, value) in fixed {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+}
+
+async fn index() -> Response {
+    asset(INDEX_HTML, "text/html; charset=utf-8")
+}
+
+async fn app_js() -> Response {
+    asset(APP_JS, "text/javascript; charset=utf-8")
+}
+
+async fn app_css() -> Response {
+    asset(APP_CSS, "text/css; charset=utf-8")
+}
+
+async fn openapi() -> Response {
+    asset(OPENAPI_JSON, "application/json")
+}
+
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "no such page or API route\n").into_response()
+}
+
+fn asset(body: &'static str, content_type: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// Runs one read-only CLI command on a blocking thread and answers with what it prints.
+async fn read(state: Shared, args: Vec<String>) -> Response {
+    let paths = state.config.paths.clone();
+    let result = tokio::task::spawn_blocking(move || api_read(&paths, &args)).await;
+    json_answer(result)
+}
+
+fn json_answer(result: Result<loopx::error::Result<String>, tokio::task::JoinError>) -> Response {
+    match result {
+        Ok(Ok(body)) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(Err(err)) => (
+            error_status(&err),
+            [(header::CONTENT_TYPE, "application/json")],
+            error_json(&err),
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the request's worker stopped\n",
+        )
+            .into_response(),
+    }
+}
+
+/// The HTTP status of each kind of failure.
+pub fn error_status(err: &LoopxError) -> StatusCode {
+    match err {
+        LoopxError::BadInput(_) => StatusCode::BAD_REQUEST,
+        LoopxError::NotFound(_) => StatusCode::NOT_FOUND,
+        LoopxError::Refused(_) => StatusCode::FORBIDDEN,
+        LoopxError::Conflict(_) => StatusCode::CONFLICT,
+        LoopxError::Io { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        LoopxError::Corrupt { .. } | LoopxError::Internal { .. } => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    }
+}
+
+/// `--name=value`: a value that starts with `-` stays a value.
+fn flag(name: &str, value: &str) -> String {
+    format!("--{name}={value}")
+}
+
+fn argv(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| w.to_string()).collect()
+}
+
+#[derive(Deserialize)]
+struct AgentQuery {
+    agent_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PageQuery {
+    limit: Option<String>,
+    before: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct TurnQuery {
+    goal_id: Option<String>,
+    status: Option<String>,
+    limit: Option<String>,
+}
+
+async fn status(State(s): State<Shared>) -> Response {
+    read(s, argv(&["status"])).await
+}
+
+async fn goal_list(State(s): State<Shared>) -> Response {
+    read(s, argv(&["goal", "list"])).await
+}
+
+async fn goal_show(State(s): State<Shared>, Path(goal): Path<String>) -> Response {
+    read(
+        s,
+        vec!["goal".into(), "show".into(), flag("goal-id", &goal)],
+    )
+    .await
+}
+
+async fn todo_list(State(s): State<Shared>, Path(goal): Path<String>) -> Response {
+    read(
+        s,
+        vec!["todo".into(), "list".into(), flag("goal-id", &goal)],
+    )
+    .await
+}
+
+async fn todo_show(
+    State(s): State<Shared>,
+    Path((goal, todo)): Path<(String, String)>,
+) -> Response {
+    let args = vec![
+        "todo".into(),
+        "show".into(),
+        flag("goal-id", &goal),
+        flag("todo-id", &todo),
+    ];
+    read(s, args).await
+}
+
+async fn gate_list(State(s): State<Shared>, Path(goal): Path<String>) -> Response {
+    read(
+        s,
+        vec!["gate".into(), "list".into(), flag("goal-id", &goal)],
+    )
+    .await
+}
+
+async fn quota_show(
+    State(s): State<Shared>,
+    Path(goal): Path<String>,
+    Query(q): Query<AgentQuery>,
+) -> Response {
+    let mut args = vec!["quota".into(), "show".into(), flag("goal-id", &goal)];
+    args.extend(q.agent_id.map(|a| flag("agent-id", &a)));
+    read(s, args).await
+}
+
+async fn should_run(
+    State(s): State<Shared>,
+    Path(goal): Path<String>,
+    Query(q): Query<AgentQuery>,
+) -> Response {
+    let mut args = vec!["quota".into(), "should-run".into(), flag("goal-id", &goal)];
+    args.extend(q.agent_id.map(|a| flag("agent-id", &a)));
+    read(s, args).await
+}
+
+async fn summary(State(s): State<Shared>, Path(goal): Path<String>) -> Response {
+    read(s, vec!["summary_all".into(), flag("goal-id", &goal)]).await
+}
+
+async fn history(
+    State(s): State<Shared>,
+    Path(goal): Path<String>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let mut args = vec!["history".into(), flag("goal-id", &goal)];
+    args.extend(q.limit.map(|l| flag("limit", &l)));
+    args.extend(q.before.map(|b| flag("before", &b)));
+    read(s, args).await
+}
+
+async fn run_show(State(s): State<Shared>, Path((goal, run)): Path<(String, String)>) -> Response {
+    let paths = s.config.paths.clone();
+    let result = tokio::task::spawn_blocking(move || run_report(&paths, &goal, &run)).await;
+    json_answer(result)
+}
+
+async fn turn_list(State(s): State<Shared>, Query(q): Query<TurnQuery>) -> Response {
+    let mut args = vec!["turn".into(), "list".into()];
+    args.extend(q.goal_id.map(|g| flag("goal-id", &g)));
+    args.extend(q.status.map(|g| flag("status", &g)));
+    args.extend(q.limit.map(|g| flag("limit", &g)));
+    read(s, args).await
+}
+
+async fn turn_show(State(s): State<Shared>, Path(turn): Path<String>) -> Response {
+    read(
+        s,
+        vec!["turn".into(), "inspect".into(), flag("turn-key", &turn)],
+    )
+    .await
+}
+
+async fn extension_list(State(s): State<Shared>) -> Response {
+    read(s, argv(&["extension", "list"])).await
+}
+
+async fn extension_show(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    read(s, vec!["extension".into(), "inspect".into(), id]).await
+}
+
+/// One `change` event per commit noticed, after a `ready` event; a page that missed events
+/// (it lagged, or reconnected) re-fetches everything it shows, so none carries data.
+async fn events(State(s): State<Shared>) -> Response {
+    let receiver = s.changes.subscribe();
+    let ready = futures_util::stream::once(async {
+        Ok::<_, std::convert::Infallible>(Event::default().event("ready").data("{}"))
+    });
+    let changes = futures_util::stream::unfold(receiver, |mut rx| async move {
+        // A page that lagged behind gets one change without a number: it re-fetches anyway.
+        let seq = match rx.recv().await {
+            Ok(seq) => seq.to_string(),
+            Err(broadcast::error::RecvError::Lagged(_)) => "null".to_string(),
+            Err(broadcast::error::RecvError::Closed) => return None,
+        };
+        let event = Event::default()
+            .event("change")
+            .data(format!("{{\"seq\":{seq}}}"));
+        Some((Ok(event), rx))
+    });
+    use futures_util::StreamExt;
+    Sse::new(ready.chain(changes))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+/// Reads the token given by `--token` or the first line of `--token-file`.
+pub fn load_token(token: Option<String>, file: Option<PathBuf>) -> anyhow::Result<Option<String>> {
+    match (token, file) {
+        (Some(t), _) => Ok(Some(t)),
+        (None, Some(f)) => {
+            let text = std::fs::read_to_string(&f)
+                .map_err(|e| anyhow::anyhow!("reading the token file {}: {e}", f.display()))?;
+            Ok(Some(
+                text.lines().next().unwrap_or_default().trim().to_string(),
+            ))
+        }
+        (None, None) => Ok(None),
+    }
+}

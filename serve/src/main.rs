@@ -1,0 +1,108 @@
+//! `loopx-serve`: the dashboard's executable, run by `loopx serve` (see the crate's library).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use loopx::paths::ProjectPaths;
+use loopx_serve::{Config, check_config, load_token, router, watch_changes};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "loopx-serve",
+    version,
+    about = "LoopX's read-only web dashboard and JSON API (usually run as `loopx serve`)"
+)]
+struct Args {
+    /// Project directory holding `.loopx/` (default: search upward from the working directory).
+    #[arg(long, env = "LOOPX_ROOT", value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Address and port to listen on; an address other than loopback requires a token.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7878")]
+    listen: String,
+    /// Token every request must carry (Authorization: Bearer, or ?token= once, then a cookie).
+    #[arg(long, value_name = "TOKEN", conflicts_with = "token_file")]
+    token: Option<String>,
+    /// File holding the token (its first line).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match serve(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, message)) => {
+            eprintln!("loopx-serve: error: {message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// Exit codes as `loopx` uses them: 2 bad input, 3 not found, 6 I/O.
+fn serve(args: Args) -> Result<(), (u8, String)> {
+    let listen: SocketAddr = args.listen.parse().map_err(|_| {
+        (
+            2,
+            format!(
+                "--listen {:?} is not an address and port; use e.g. 127.0.0.1:7878 or [::1]:7878",
+                args.listen
+            ),
+        )
+    })?;
+    let token = load_token(args.token, args.token_file).map_err(|e| (2, e.to_string()))?;
+    check_config(listen, token.as_deref()).map_err(|e| (2, e.to_string()))?;
+    let cwd =
+        std::env::current_dir().map_err(|e| (6, format!("reading the working directory: {e}")))?;
+    let paths = ProjectPaths::discover(args.root.as_deref(), &cwd)
+        .map_err(|e| (e.exit_code() as u8, e.to_string()))?;
+    // Opening the project once up front reports a damaged or missing one before listening.
+    loopx::kernel::Kernel::open(paths.clone()).map_err(|e| (e.exit_code() as u8, e.to_string()))?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| (6, format!("starting the runtime: {e}")))?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| (6, format!("listening on {listen}: {e}")))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| (6, format!("reading the listening address: {e}")))?;
+        let (changes, _) = tokio::sync::broadcast::channel(64);
+        let watcher_paths = paths.clone();
+        let sender = changes.clone();
+        std::thread::Builder::new()
+            .name("loopx-watch".into())
+            .spawn(move || {
+                if let Err(e) = watch_changes(&watcher_paths, sender) {
+                    eprintln!("loopx-serve: warning: live updates stopped: {e}");
+                }
+            })
+            .map_err(|e| (6, format!("starting the change watcher: {e}")))?;
+        let app = router(
+            Config {
+                paths: paths.clone(),
+                listen: bound,
+                token,
+            },
+            changes,
+        );
+        // The one line a script (or the browser test) reads to find the port.
+        println!(
+            "loopx-serve: serving {} at http://{bound}/",
+            paths.project.display()
+        );
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+            .map_err(|e| (6, format!("serving: {e}")))
+    })
+}

@@ -1,0 +1,513 @@
+//! The dashboard's API and safety checks, driven through the router in-process: every route
+//! answers in the shape its OpenAPI document promises, nothing it serves changes the database,
+//! and the host, token, header and method rules hold.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use loopx::kernel::claim::ClaimRequest;
+use loopx::kernel::goal::NewGoal;
+use loopx::kernel::quota::SpendRequest;
+use loopx::kernel::run::RefreshRequest;
+use loopx::kernel::todo::{NewTodo, TodoPatch};
+use loopx::kernel::{Actor, Kernel};
+use loopx::model::{GateScope, TodoKind};
+use loopx::paths::ProjectPaths;
+use loopx_serve::{CONTENT_SECURITY_POLICY, Config, OPENAPI_JSON, router};
+use serde_json::Value;
+use tower::ServiceExt;
+
+const HOSTILE: &str = "<img src=x onerror=alert(1)> <script>alert(2)</script> \u{202e}evil";
+
+/// A project with a goal, three todos (one claimed, one depending on it, one gate), evidence,
+/// two runs with a reward, and a spend: something on every page. Returns the run ids.
+fn seed() -> (tempfile::TempDir, ProjectPaths, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = Kernel::init(dir.path()).unwrap().unwrap();
+    let op = Actor::Operator;
+    k.create_goal(
+        &op,
+        NewGoal {
+            id: Some("g".into()),
+            title: format!("Goal {HOSTILE}"),
+            ..NewGoal::default()
+        },
+    )
+    .unwrap();
+    let mut t1 = NewTodo::task(format!("Task {HOSTILE}"));
+    t1.id = Some("t1".into());
+    k.add_todo(&op, "g", t1).unwrap();
+    let mut t2 = NewTodo::task("Second");
+    t2.id = Some("t2".into());
+    t2.depends_on = vec!["t1".into()];
+    k.add_todo(&op, "g", t2).unwrap();
+    let mut gate = NewTodo::task("Approve the release");
+    gate.id = Some("gate1".into());
+    gate.kind = TodoKind::UserGate;
+    // Blocks an agent that is not the one working here, so bob's claim below goes through.
+    gate.gate_scope = Some(GateScope::BlocksAgent {
+        agent_id: "dave".into(),
+    });
+    k.add_todo(&op, "g", gate).unwrap();
+    let grant = k
+        .claim(&ClaimRequest {
+            goal_id: "g".into(),
+            todo_id: Some("t1".into()),
+            agent_id: "bob".into(),
+            ttl_seconds: 600,
+            idempotency_key: None,
+        })
+        .unwrap();
+    let bob = loopx::kernel::claim::agent_actor("bob", Some(grant.claim.fence), None, None);
+    let patch = TodoPatch {
+        evidence: Some(format!("evidence {HOSTILE}")),
+        ..TodoPatch::default()
+    };
+    k.update_todo(&bob, "g", "t1", patch).unwrap();
+    let mut runs = Vec::new();
+    for summary in ["first run", &format!("summary {HOSTILE}")] {
+        let run = k
+            .refresh_state(
+                &bob,
+                &RefreshRequest {
+                    goal_id: "g".into(),
+                    agent_id: Some("bob".into()),
+                    todo_id: Some("t1".into()),
+                    classification: Some("progress".into()),
+                    outcome: None,
+                    summary: Some(summary.to_string()),
+                },
+            )
+            .unwrap();
+        runs.push(run.id);
+    }
+    k.add_reward(&op, "g", &runs[0], 2.0, "good").unwrap();
+    k.spend(
+        &bob,
+        &SpendRequest {
+            goal_id: "g".into(),
+            agent_id: Some("bob".into()),
+            slots: 1,
+            effect_id: None,
+        },
+    )
+    .unwrap();
+    let paths = ProjectPaths::at(dir.path());
+    (dir, paths, runs)
+}
+
+const LISTEN: &str = "127.0.0.1:7878";
+
+fn app(paths: &ProjectPaths, listen: &str, token: Option<&str>) -> Router {
+    let (changes, _) = tokio::sync::broadcast::channel(4);
+    router(
+        Config {
+            paths: paths.clone(),
+            listen: listen.parse::<SocketAddr>().unwrap(),
+            token: token.map(str::to_string),
+        },
+        changes,
+    )
+}
+
+fn get(uri: &str) -> Request<Body> {
+    Request::builder()
+        .uri(uri)
+        .header(header::HOST, LISTEN)
+        .body(Body::empty())
+        .unwrap()
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, axum::http::HeaderMap, String) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// Every JSON route of the document, with the path parameters of the seeded project, and the
+/// schema (by name) its 200 answer must match.
+fn json_routes(runs: &[String]) -> Vec<(String, &'static str)> {
+    vec![
+        ("/api/v1/status".into(), "Status"),
+        ("/api/v1/goals".into(), "GoalList"),
+        ("/api/v1/goals/g".into(), "GoalShow"),
+        ("/api/v1/goals/g/todos".into(), "TodoList"),
+        ("/api/v1/goals/g/todos/t1".into(), "TodoShow"),
+        ("/api/v1/goals/g/gates".into(), "GateList"),
+        ("/api/v1/goals/g/quota".into(), "QuotaShow"),
+        (
+            "/api/v1/goals/g/should-run?agent_id=bob".into(),
+            "ShouldRun",
+        ),
+        ("/api/v1/goals/g/summary".into(), "Summary"),
+        ("/api/v1/goals/g/history?limit=1".into(), "History"),
+        (
+            format!("/api/v1/goals/g/history?limit=1&before={}", runs[1]),
+            "History",
+        ),
+        (format!("/api/v1/goals/g/runs/{}", runs[1]), "RunReport"),
+        ("/api/v1/turns".into(), "TurnList"),
+        ("/api/v1/extensions".into(), "ExtensionList"),
+    ]
+}
+
+fn validator(schema: &str) -> jsonschema::Validator {
+    let mut doc: Value = serde_json::from_str(OPENAPI_JSON).unwrap();
+    doc["$ref"] = Value::String(format!("#/components/schemas/{schema}"));
+    jsonschema::draft202012::new(&doc).unwrap()
+}
+
+fn check(schema: &str, uri: &str, body: &str) {
+    let value: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{uri}: {e}: {body}"));
+    let errors: Vec<String> = validator(schema)
+        .iter_errors(&value)
+        .map(|e| format!("{} at {}", e, e.instance_path))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{uri} does not match {schema}: {errors:#?}"
+    );
+}
+
+/// Every table's rows, sorted: what "nothing changed" means below the file's bytes.
+fn tables(paths: &ProjectPaths) -> Vec<(String, Vec<String>)> {
+    let conn = rusqlite::Connection::open_with_flags(
+        paths.db(),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let names: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    names
+        .into_iter()
+        .map(|name| {
+            let mut stmt = conn.prepare(&format!("SELECT * FROM \"{name}\"")).unwrap();
+            let columns = stmt.column_count();
+            let mut rows: Vec<String> = stmt
+                .query_map([], |r| {
+                    let mut cells = Vec::new();
+                    for i in 0..columns {
+                        let v: rusqlite::types::Value = r.get(i)?;
+                        cells.push(format!("{v:?}"));
+                    }
+                    Ok(cells.join("|"))
+                })
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            rows.sort();
+            (name, rows)
+        })
+        .collect()
+}
+
+fn file_hash(path: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    match std::fs::read(path) {
+        Ok(bytes) => hex(&Sha256::digest(bytes)),
+        Err(_) => "absent".into(),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test]
+async fn every_route_answers_in_the_shape_its_openapi_document_gives() {
+    let (_dir, paths, runs) = seed();
+    let app = app(&paths, LISTEN, None);
+    for (uri, schema) in json_routes(&runs) {
+        let (status, headers, body) = send(&app, get(&uri)).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+        assert_eq!(headers[header::CONTENT_TYPE], "application/json", "{uri}");
+        check(schema, &uri, &body);
+    }
+    // The one-item history page names the next page, and the next page holds the older run.
+    let (_, _, first) = send(&app, get("/api/v1/goals/g/history?limit=1")).await;
+    let first: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(first["runs"][0]["run_id"], runs[1].as_str());
+    assert_eq!(first["runs"][0]["summary"], format!("summary {HOSTILE}"));
+    let next = first["next_before"].as_str().unwrap();
+    let (_, _, older) = send(
+        &app,
+        get(&format!("/api/v1/goals/g/history?limit=1&before={next}")),
+    )
+    .await;
+    let older: Value = serde_json::from_str(&older).unwrap();
+    assert_eq!(older["runs"][0]["run_id"], runs[0].as_str());
+    assert_eq!(older["runs"][0]["rewards"][0]["score"], 2.0);
+    // The document itself is served, and names every route the router has.
+    let (status, _, doc) = send(&app, get("/api/v1/openapi.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let doc: Value = serde_json::from_str(&doc).unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    for (uri, _) in json_routes(&runs) {
+        let path = uri.split('?').next().unwrap();
+        let templated = doc["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|p| route_matches(p, path));
+        assert!(templated, "{path} is not in the OpenAPI document");
+    }
+}
+
+fn route_matches(template: &str, path: &str) -> bool {
+    let t: Vec<_> = template.split('/').collect();
+    let p: Vec<_> = path.split('/').collect();
+    t.len() == p.len() && t.iter().zip(&p).all(|(a, b)| a.starts_with('{') || a == b)
+}
+
+#[tokio::test]
+async fn errors_are_the_cli_envelope_with_an_http_status_per_kind() {
+    let (_dir, paths, _) = seed();
+    let app = app(&paths, LISTEN, None);
+    for (uri, status) in [
+        ("/api/v1/goals/nope", StatusCode::NOT_FOUND),
+        ("/api/v1/goals/g/todos/nope", StatusCode::NOT_FOUND),
+        ("/api/v1/goals/g/runs/01NOPE", StatusCode::NOT_FOUND),
+        ("/api/v1/goals/g/history?limit=0", StatusCode::BAD_REQUEST),
+        (
+            "/api/v1/goals/g/history?before=..%2Fx",
+            StatusCode::BAD_REQUEST,
+        ),
+        ("/api/v1/turns?status=bogus", StatusCode::BAD_REQUEST),
+        ("/api/v1/extensions/nope", StatusCode::NOT_FOUND),
+    ] {
+        let (got, _, body) = send(&app, get(uri)).await;
+        assert_eq!(got, status, "{uri}: {body}");
+        check("Error", uri, &body);
+    }
+    // A path segment that looks like a flag stays a value: it names no goal.
+    let (got, _, body) = send(&app, get("/api/v1/goals/--help")).await;
+    assert!(
+        got == StatusCode::BAD_REQUEST || got == StatusCode::NOT_FOUND,
+        "{body}"
+    );
+    check("Error", "/api/v1/goals/--help", &body);
+}
+
+#[tokio::test]
+async fn serving_every_route_changes_neither_the_database_file_nor_any_table() {
+    let (_dir, paths, runs) = seed();
+    let db = paths.db();
+    let mut wal = db.clone().into_os_string();
+    wal.push("-wal");
+    let wal = std::path::PathBuf::from(wal);
+    let before = (file_hash(&db), file_hash(&wal), tables(&paths));
+    let app = app(&paths, LISTEN, None);
+    let mut uris: Vec<String> = json_routes(&runs).into_iter().map(|(u, _)| u).collect();
+    uris.extend(
+        [
+            "/",
+            "/app.js",
+            "/app.css",
+            "/api/v1/openapi.json",
+            "/api/v1/goals/nope",
+            "/api/v1/goals/g/should-run",
+        ]
+        .map(String::from),
+    );
+    for uri in &uris {
+        for method in [
+            Method::GET,
+            Method::HEAD,
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+        ] {
+            let request = Request::builder()
+                .method(method)
+                .uri(uri.as_str())
+                .header(header::HOST, LISTEN)
+                .body(Body::empty())
+                .unwrap();
+            send(&app, request).await;
+        }
+    }
+    let after = (file_hash(&db), file_hash(&wal), tables(&paths));
+    assert_eq!(before.0, after.0, "the database file changed");
+    assert_eq!(before.1, after.1, "the write-ahead log changed");
+    assert_eq!(before.2, after.2, "a table's rows changed");
+}
+
+#[tokio::test]
+async fn no_write_method_is_routed() {
+    let (_dir, paths, runs) = seed();
+    let app = app(&paths, LISTEN, None);
+    for (uri, _) in json_routes(&runs) {
+        for method in [Method::POST, Method::PUT, Method::DELETE, Method::PATCH] {
+            let request = Request::builder()
+                .method(method.clone())
+                .uri(uri.as_str())
+                .header(header::HOST, LISTEN)
+                .body(Body::from("{}"))
+                .unwrap();
+            let (status, headers, _) = send(&app, request).await;
+            assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {uri}");
+            assert_eq!(
+                headers[header::CONTENT_SECURITY_POLICY],
+                CONTENT_SECURITY_POLICY
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_response_carries_the_content_security_policy_and_nosniff_and_no_cors() {
+    let (_dir, paths, _) = seed();
+    let app = app(&paths, LISTEN, None);
+    for uri in [
+        "/",
+        "/app.js",
+        "/api/v1/status",
+        "/api/v1/goals/nope",
+        "/nothing",
+    ] {
+        let request = Request::builder()
+            .uri(uri)
+            .header(header::HOST, LISTEN)
+            .header(header::ORIGIN, "http://evil.example")
+            .body(Body::empty())
+            .unwrap();
+        let (_, headers, _) = send(&app, request).await;
+        let csp = headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+        assert!(csp.contains("default-src 'self'"), "{uri}: {csp}");
+        assert!(
+            csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+            "{csp}"
+        );
+        assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+        assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff", "{uri}");
+        assert!(
+            headers.get(header::ACCESS_CONTROL_ALLOW_ORIGIN).is_none(),
+            "{uri}"
+        );
+    }
+    // The page has no inline script and loads nothing from elsewhere.
+    let (_, _, page) = send(&app, get("/")).await;
+    assert!(page.contains("<script src=\"/app.js\" defer></script>"));
+    assert_eq!(page.matches("<script").count(), 1);
+    assert!(!page.contains("http://") && !page.contains("https://"));
+    // The script puts store text on the page as text only.
+    let (_, _, js) = send(&app, get("/app.js")).await;
+    assert!(!js.contains("innerHTML") && !js.contains("outerHTML"));
+    assert!(!js.contains("insertAdjacentHTML") && !js.contains("document.write"));
+}
+
+#[tokio::test]
+async fn a_request_for_another_host_is_refused() {
+    let (_dir, paths, _) = seed();
+    let app = app(&paths, LISTEN, None);
+    for host in [
+        "evil.example:7878",
+        "attacker.example",
+        "127.0.0.1:8080",
+        "localhost.evil.example:7878",
+        "10.0.0.1:7878",
+    ] {
+        let request = Request::builder()
+            .uri("/api/v1/status")
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap();
+        let (status, headers, _) = send(&app, request).await;
+        assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{host}");
+        assert!(headers.contains_key(header::CONTENT_SECURITY_POLICY));
+    }
+    let request = Request::builder()
+        .uri("/api/v1/status")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&app, request).await.0, StatusCode::MISDIRECTED_REQUEST);
+    for host in [
+        "127.0.0.1:7878",
+        "localhost:7878",
+        "LOCALHOST:7878",
+        "[::1]:7878",
+    ] {
+        let request = Request::builder()
+            .uri("/api/v1/status")
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(send(&app, request).await.0, StatusCode::OK, "{host}");
+    }
+}
+
+#[tokio::test]
+async fn with_a_token_every_request_must_carry_it() {
+    let (_dir, paths, _) = seed();
+    let listen = "0.0.0.0:7878";
+    let app = app(&paths, listen, Some("s3cret-token"));
+    let at = |uri: &str| {
+        Request::builder()
+            .uri(uri)
+            .header(header::HOST, "192.0.2.7:7878")
+    };
+    for uri in ["/", "/app.js", "/api/v1/status", "/api/v1/events"] {
+        let (status, _, _) = send(&app, at(uri).body(Body::empty()).unwrap()).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{uri} without a token");
+        let wrong = at(uri)
+            .header(header::AUTHORIZATION, "Bearer s3cret-tokeX")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(send(&app, wrong).await.0, StatusCode::UNAUTHORIZED, "{uri}");
+    }
+    let bearer = at("/api/v1/status")
+        .header(header::AUTHORIZATION, "Bearer s3cret-token")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&app, bearer).await.0, StatusCode::OK);
+    // `?token=` sets the cookie and redirects to the address without it.
+    let (status, headers, _) = send(
+        &app,
+        at("/?token=s3cret-token").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(headers[header::LOCATION], "/");
+    let cookie = headers[header::SET_COOKIE].to_str().unwrap();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap();
+    let with_cookie = at("/api/v1/goals")
+        .header(header::COOKIE, pair)
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&app, with_cookie).await.0, StatusCode::OK);
+    let (status, _, _) = send(&app, at("/?token=nope").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[test]
+fn a_non_loopback_address_needs_a_token_and_a_token_is_never_empty() {
+    use loopx_serve::{ConfigError, check_config};
+    let any: SocketAddr = "0.0.0.0:7878".parse().unwrap();
+    let lan: SocketAddr = "192.0.2.7:7878".parse().unwrap();
+    assert_eq!(
+        check_config(any, None),
+        Err(ConfigError::TokenRequired(any))
+    );
+    assert_eq!(
+        check_config(lan, None),
+        Err(ConfigError::TokenRequired(lan))
+    );
+    assert_eq!(check_config(lan, Some("")), Err(ConfigError::EmptyToken));
+    assert_eq!(check_config(lan, Some("t")), Ok(()));
+    assert_eq!(check_config("127.0.0.1:0".parse().unwrap(), None), Ok(()));
+    assert_eq!(check_config("[::1]:0".parse().unwrap(), None), Ok(()));
+}

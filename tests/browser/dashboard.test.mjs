@@ -1,0 +1,205 @@
+// The dashboard in a real browser: the system Chromium driven by playwright-core.
+//
+// Seeds a project with the built `loopx` (LOOPX_BIN, default target/debug/loopx), starts
+// `loopx serve` on a free loopback port, loads every page and follows its links, checks that a
+// claim made from the CLI shows up without a reload (and how long that took), that hostile
+// titles, evidence and run summaries render as text, and writes screenshots of the attention
+// queue and a goal page into docs/screenshots/. Run from the repository root:
+//
+//   cargo build && (cd tests/browser && npm install) && node tests/browser/dashboard.test.mjs
+//
+// Exits 0 when every check passed; prints each check and the measured latency.
+
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { createInterface } from 'node:readline';
+import assert from 'node:assert/strict';
+import { chromium } from 'playwright-core';
+
+const repo = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+const loopx = process.env.LOOPX_BIN || join(repo, 'target/debug/loopx');
+const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
+const screenshots = process.env.LOOPX_SCREENSHOTS || join(repo, 'docs/screenshots');
+const LATENCY_LIMIT_MS = 500;
+
+const HOSTILE_TITLE = 'Ship <img src=x onerror=alert(1)> \u202Eevil';
+const HOSTILE_TODO = 'Fix <script>alert(2)</script> now';
+const HOSTILE_EVIDENCE = '<img src=x onerror=alert(3)> proof';
+const HOSTILE_SUMMARY = '<b>bold</b><svg onload=alert(4)> summary';
+
+const project = mkdtempSync(join(tmpdir(), 'loopx-browser-'));
+const profile = mkdtempSync(join(tmpdir(), 'loopx-chromium-'));
+let server;
+let context;
+
+function cli(...args) {
+  const out = spawnSync(loopx, ['--root', project, ...args], { encoding: 'utf8' });
+  if (out.status !== 0) {
+    throw new Error(`loopx ${args.join(' ')} exited ${out.status}: ${out.stderr}`);
+  }
+  return out.stdout;
+}
+
+function seed() {
+  cli('init');
+  cli('goal', 'create', '--id', 'g1', '--title', HOSTILE_TITLE);
+  cli('goal', 'create', '--id', 'g2', '--title', 'A quiet second goal');
+  cli('todo', 'add', '--goal-id', 'g1', '--id', 't1', '--title', HOSTILE_TODO);
+  cli('todo', 'add', '--goal-id', 'g1', '--id', 't2', '--title', 'Depends on t1', '--depends-on', 't1');
+  cli('todo', 'add', '--goal-id', 'g1', '--id', 't3', '--title', 'Claimed live from the CLI');
+  cli('todo', 'add', '--goal-id', 'g1', '--id', 'gate1', '--title', 'Approve the release',
+    '--kind', 'user_gate', '--blocks-agent', 'dave');
+  const claim = JSON.parse(cli('--format', 'json', 'todo', 'claim', '--goal-id', 'g1',
+    '--todo-id', 't1', '--agent-id', 'bob'));
+  const fence = String(claim.claim.fence);
+  cli('todo', 'update', '--goal-id', 'g1', '--todo-id', 't1', '--agent-id', 'bob', '--fence', fence,
+    '--evidence', HOSTILE_EVIDENCE);
+  const run = JSON.parse(cli('--format', 'json', 'refresh-state', '--goal-id', 'g1', '--agent-id', 'bob',
+    '--todo-id', 't1', '--classification', 'progress', '--summary', HOSTILE_SUMMARY));
+  cli('quota', 'spend-slot', '--goal-id', 'g1', '--agent-id', 'bob');
+  const runId = run.run_id || (run.run && (run.run.run_id || run.run.id));
+  assert.ok(runId, 'refresh-state names its run');
+  cli('reward', 'add', '--goal-id', 'g1', '--run-id', runId, '--score', '3', '--comment', 'good');
+  return runId;
+}
+
+async function startServer() {
+  server = spawn(loopx, ['--root', project, 'serve', '--listen', '127.0.0.1:0'], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const lines = createInterface({ input: server.stdout });
+  for await (const line of lines) {
+    const m = line.match(/http:\/\/(\S+?)\/?$/);
+    if (m) return `http://${m[1]}`;
+  }
+  throw new Error('loopx serve exited before it printed its address');
+}
+
+const checks = [];
+function ok(name) {
+  checks.push(name);
+  console.log(`ok ${checks.length} - ${name}`);
+}
+
+async function main() {
+  const runId = seed();
+  const base = await startServer();
+  ok(`loopx serve listens at ${base}`);
+
+  context = await chromium.launchPersistentContext(profile, {
+    executablePath: chromiumPath,
+    headless: true,
+    viewport: { width: 1280, height: 800 },
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync', '--disable-quic', '--no-first-run'],
+  });
+  const page = context.pages()[0] || await context.newPage();
+  const dialogs = [];
+  const errors = [];
+  const foreign = [];
+  page.on('dialog', d => { dialogs.push(d.message()); d.dismiss(); });
+  page.on('pageerror', e => errors.push(String(e)));
+  page.on('request', r => { if (!r.url().startsWith(base)) foreign.push(r.url()); });
+
+  const rendered = async () => Number(await page.evaluate(() => document.documentElement.dataset.renderSeq || 0));
+  async function open(hash) {
+    const before = await rendered();
+    await page.goto(`${base}/${hash}`);
+    await page.waitForFunction(n => Number(document.documentElement.dataset.renderSeq || 0) > n, before);
+  }
+  async function follow(selector) {
+    const before = await rendered();
+    await page.click(selector);
+    await page.waitForFunction(n => Number(document.documentElement.dataset.renderSeq || 0) > n, before);
+  }
+  const bodyText = () => page.evaluate(() => document.getElementById('view').textContent);
+
+  // The attention queue, and its links.
+  await open('#/');
+  await page.waitForSelector('#live.on');
+  let text = await bodyText();
+  assert.match(text, /Attention queue/);
+  assert.ok(text.includes('Approve the release'), 'the gate is in the attention queue');
+  assert.ok(text.includes(HOSTILE_TITLE), 'the hostile goal title is shown as text');
+  ok('attention queue lists the gate and shows the hostile title as text');
+  await page.screenshot({ path: join(screenshots, 'attention-queue.png') });
+
+  await follow('main a[href="#/goals/g1"]');
+  assert.equal(await page.evaluate(() => location.hash), '#/goals/g1');
+  text = await bodyText();
+  for (const want of [HOSTILE_TODO, 'bob', 'loopx gate resolve --goal-id g1 --todo-id gate1 --comment "..."',
+    'Depends on t1']) {
+    assert.ok(text.includes(want), `the goal page shows ${want}`);
+  }
+  assert.equal(await page.locator('svg.plot path.spend').count(), 1, 'the quota plot is drawn');
+  ok('goal page: todos, lease holder, dependencies, gate command, quota plot');
+  await page.screenshot({ path: join(screenshots, 'goal.png'), fullPage: true });
+
+  await follow('main a[href="#/goals/g1/todos/t1"]');
+  text = await bodyText();
+  assert.ok(text.includes(HOSTILE_EVIDENCE), 'hostile evidence shown as text');
+  ok('todo permalink shows its evidence as text');
+
+  await open('#/goals/g1/history');
+  text = await bodyText();
+  assert.ok(text.includes(HOSTILE_SUMMARY), 'hostile run summary shown as text');
+  assert.ok(text.includes('+3'), 'the reward is shown');
+  await follow(`main a[href="#/goals/g1/runs/${runId}"]`);
+  text = await bodyText();
+  assert.ok(text.includes(runId) && text.includes(HOSTILE_SUMMARY));
+  ok('history page with rewards, and the run report permalink');
+
+  for (const [hash, want] of [['#/goals', 'A quiet second goal'], ['#/turns', 'Turn journal'],
+    ['#/extensions', 'Extensions'], ['#/goals/g1/todos/gate1', 'loopx gate resolve']]) {
+    await open(hash);
+    assert.ok((await bodyText()).includes(want), `${hash} shows ${want}`);
+  }
+  ok('goals, turns, extensions and a gate permalink load');
+
+  // Nothing the store holds became markup: no alert, no image or extra script, no error.
+  const counts = await page.evaluate(() => ({
+    img: document.querySelectorAll('img').length,
+    script: document.querySelectorAll('script').length,
+    svgInView: document.querySelectorAll('main svg:not(.plot)').length,
+    bold: document.querySelectorAll('main b').length,
+  }));
+  assert.deepEqual(counts, { img: 0, script: 1, svgInView: 0, bold: 0 });
+  assert.deepEqual(dialogs, [], 'no hostile text ran');
+  assert.deepEqual(errors, [], 'no script error');
+  assert.deepEqual(foreign, [], 'nothing fetched from anywhere but the server');
+  ok('hostile titles, evidence and summaries rendered inert (no dialog, no element created)');
+
+  // Live: a claim made from the CLI appears without a reload.
+  await open('#/goals/g1');
+  const navigations = [];
+  page.on('framenavigated', f => navigations.push(f.url()));
+  const row = 'tr[data-todo="t3"]';
+  assert.ok(!(await page.locator(row).textContent()).includes('carol'));
+  const started = Date.now();
+  cli('todo', 'claim', '--goal-id', 'g1', '--todo-id', 't3', '--agent-id', 'carol');
+  await page.waitForFunction(sel => document.querySelector(sel).textContent.includes('carol'), row,
+    { timeout: 5000 });
+  const shownAt = Number(await page.evaluate(() => document.documentElement.dataset.renderedAt));
+  const latency = shownAt - started;
+  console.log(`# change-to-browser latency: ${latency} ms (CLI claim start to the page showing it; limit ${LATENCY_LIMIT_MS} ms)`);
+  assert.ok(latency < LATENCY_LIMIT_MS, `latency ${latency} ms`);
+  assert.deepEqual(navigations, [], 'the page was not reloaded');
+  ok(`a claim from the CLI shows live in ${latency} ms without a reload`);
+}
+
+try {
+  mkdirSync(screenshots, { recursive: true });
+  await main();
+  console.log(`# ${checks.length} checks passed`);
+} catch (e) {
+  console.error('not ok -', e && e.stack || e);
+  process.exitCode = 1;
+} finally {
+  if (context) await context.close().catch(() => {});
+  if (server) server.kill();
+  rmSync(project, { recursive: true, force: true });
+  rmSync(profile, { recursive: true, force: true });
+}
