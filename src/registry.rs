@@ -51,6 +51,43 @@ pub enum RegistryProblem {
     },
 }
 
+impl std::fmt::Display for RegistryProblem {
+    /// One sentence per problem, for people (the CLI's text output); JSON callers read the
+    /// typed fields instead.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegistryProblem::Unreadable { detail } => {
+                write!(f, "the file cannot be read: {detail}")
+            }
+            RegistryProblem::InvalidJson {
+                line,
+                column,
+                detail,
+            } => write!(f, "not JSON at line {line}, column {column}: {detail}"),
+            RegistryProblem::MissingGoals => write!(f, "no `goals` array"),
+            RegistryProblem::UnsupportedSchema { found: Some(found) } => {
+                write!(f, "schema_version '{found}' is not one this version reads")
+            }
+            RegistryProblem::UnsupportedSchema { found: None } => write!(f, "no schema_version"),
+            RegistryProblem::GoalMissingId { index } => write!(f, "goal #{index} has no id"),
+            RegistryProblem::GoalInvalidId { index, id } => {
+                write!(
+                    f,
+                    "goal #{index} has id '{id}', which is not a path-safe token"
+                )
+            }
+            RegistryProblem::DuplicateGoalId { id } => write!(f, "goal id '{id}' is listed twice"),
+            RegistryProblem::GoalMissingStatus { index, id } => {
+                write!(f, "goal #{index} ('{id}') has no status")
+            }
+            RegistryProblem::GoalUnknownStatus { index, id, status } => write!(
+                f,
+                "goal #{index} ('{id}') has status '{status}'; expected active, paused or closed"
+            ),
+        }
+    }
+}
+
 /// The result of [`inspect_registry`].
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RegistryInspection {

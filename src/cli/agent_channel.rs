@@ -70,7 +70,7 @@ pub fn serve(paths: &ProjectPaths, identity: &TurnIdentity, argv: &[String]) -> 
     });
     match result {
         Ok(output) => ChannelResponse {
-            code: 0,
+            code: output.exit_code,
             stdout: output.render(format),
             stderr: String::new(),
         },
@@ -111,6 +111,9 @@ fn served(command: &Command) -> Result<()> {
         Command::Backup(_) => "backup",
         // `man --out` writes files with the driver's rights, outside the host's isolation.
         Command::Man(_) => "man",
+        // It reads any path it is given, with the driver's rights.
+        Command::InspectRegistry(_) => "inspect_registry",
+        Command::Gc(_) => "gc",
         Command::Serve(_) => "serve",
     };
     Err(refused(format!(

@@ -301,6 +301,11 @@ fn install(
     } else {
         ctx.cwd.join(dir)
     };
+    ctx.progress(&format!(
+        "installing {}: validating, auditing and compiling its components (a compile can take \
+         seconds)",
+        dir.display()
+    ));
     let r = host.install_as(kernel, actor, &dir, &grants, &ctx.cwd, mode)?;
     let rows = r
         .components

@@ -65,8 +65,17 @@ pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
     };
     install_stop_handlers();
     let max = req.max_turns;
+    ctx.progress(&format!(
+        "loop on {}: up to {max} turn(s); between decisions it waits for work up to {} s \
+         (Ctrl-C stops after the current turn)",
+        req.turn.goal_id, req.max_sleep_seconds
+    ));
+    let quiet = ctx.verbosity == super::Verbosity::Quiet;
     // Progress goes to stderr so `--format json` keeps stdout parseable.
     let report = run_loop(&mut kernel, &req, |n, _, o| {
+        if quiet {
+            return;
+        }
         let mut err = std::io::stderr().lock();
         // The line carries the turn's detail, which may quote the host's output: shown inert.
         let _ = writeln!(

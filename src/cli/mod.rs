@@ -15,6 +15,7 @@ mod gc;
 mod goal;
 mod history;
 mod init;
+mod inspect_registry;
 mod loop_cmd;
 mod man;
 mod next_action;
@@ -105,10 +106,10 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// Write a consistent copy of the database to a new file (SQLite's online backup).
     Backup(backup::BackupArgs),
-    /// Plan, run, recover and inspect bounded agent turns.
     /// Retention: compact old turn journals, retire old run report files, vacuum (dry run
     /// unless --apply); `gc policy` shows or sets the policy (operators only).
     Gc(gc::GcArgs),
+    /// Plan, run, recover and inspect bounded agent turns.
     Turn(Nested<turn::TurnCommand>),
     /// Run turns under a bounded budget until done, idle, or interrupted.
     Loop(loop_cmd::LoopArgs),
@@ -122,6 +123,10 @@ pub enum Command {
     Completions(completions::CompletionsArgs),
     /// Print the manual page (roff), or write one page per command with --out DIR.
     Man(man::ManArgs),
+    /// Check a registry projection (default: the project's) and list its goals and typed
+    /// problems; exit 5 when it has problems.
+    #[command(name = "inspect_registry")]
+    InspectRegistry(inspect_registry::InspectRegistryArgs),
     /// Serve the read-only web dashboard and its JSON API (runs `loopx-serve`, beside `loopx`).
     Serve(serve::ServeArgs),
 }
@@ -256,6 +261,47 @@ impl Context {
         std::mem::forget(self.kernel);
     }
 
+    /// The goal a command acts on when `--goal-id` may be left out: the flag when given; inside
+    /// a turn, the turn's goal; otherwise the project's only active goal. With none or several
+    /// active goals it is bad input that names the choices. Takes the kernel the command already
+    /// holds (one borrow at a time).
+    pub fn goal_id(&self, kernel: &Kernel, flag: Option<String>) -> Result<String> {
+        if let Some(id) = flag {
+            return Ok(id);
+        }
+        if let Some(turn) = &self.turn {
+            return Ok(turn.goal_id.clone());
+        }
+        let active: Vec<String> = kernel
+            .goals()?
+            .into_iter()
+            .filter(|g| g.status == crate::model::GoalStatus::Active)
+            .map(|g| g.id)
+            .collect();
+        const NAMED: usize = 10;
+        match active.as_slice() {
+            [only] => Ok(only.clone()),
+            [] => Err(crate::error::bad_input(
+                "--goal-id is required: the project has no active goal; create one with \
+                 `loopx goal create --title ...` or name a paused one with --goal-id",
+            )),
+            many => {
+                let mut names = many[..many.len().min(NAMED)].join(", ");
+                if many.len() > NAMED {
+                    names.push_str(&format!(
+                        " and {} more (`loopx goal list`)",
+                        many.len() - NAMED
+                    ));
+                }
+                Err(crate::error::bad_input(format!(
+                    "--goal-id is required: the project has {} active goals: {names}; name one \
+                     with --goal-id",
+                    many.len()
+                )))
+            }
+        }
+    }
+
     /// The agent this process acts as for claims and decisions (flag, then env, then default).
     pub fn agent_id(&self, flag: Option<&str>) -> String {
         if let Some(turn) = &self.turn {
@@ -326,8 +372,10 @@ fn dispatch(ctx: &Context, command: Command, wasm: WasmDispatch) -> Result<Outpu
         Command::Probe(Nested { command: cmd }) => probe::run(ctx, cmd),
         Command::Doctor(args) => doctor::run(ctx, args),
         Command::Backup(args) => backup::run(ctx, args),
+        Command::Gc(args) => gc::run(ctx, args),
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(ctx, args),
+        Command::InspectRegistry(args) => inspect_registry::run(ctx, args),
         Command::Serve(args) => serve::run(ctx, args),
         Command::Turn(_)
         | Command::Loop(_)
@@ -368,7 +416,6 @@ pub fn exec_wasm_host(_ctx: &Context, _command: Command) -> Result<Output> {
         .exec();
     Err(crate::error::not_found(format!(
         "cannot run {} ({err}): the WebAssembly commands (turn, loop, extension, capability, \
-        Command::Gc(args) => gc::run(ctx, args),
          provider) run in `{WASM_HOST_BINARY}`, which is installed beside `loopx`; reinstall with \
          `cargo install --path .` or build with `cargo build --release`",
         host.display()
@@ -420,13 +467,14 @@ pub fn main(wasm: WasmDispatch) -> i32 {
                 value.insert("warnings".to_string(), serde_json::json!(warnings));
             }
             let written = write_stdout(&output.render(format));
+            let exit_code = output.exit_code;
             for warning in &warnings {
                 use std::io::Write;
                 let line = format!("loopx: warning: {}\n", crate::inert::text(warning));
                 let _ = std::io::stderr().write_all(line.as_bytes());
             }
             match written {
-                Ok(()) => 0,
+                Ok(()) => exit_code,
                 Err(err) => {
                     report_error(&err, Format::Text);
                     err.exit_code()

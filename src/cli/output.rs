@@ -46,6 +46,9 @@ pub enum Block {
 pub struct Output {
     pub value: Value,
     pub blocks: Vec<Block>,
+    /// The exit code after printing: 0, or the code of a report that found what it looked for
+    /// wrong (a damaged registry is exit 5 with the whole inspection printed, not only a message).
+    pub exit_code: i32,
 }
 
 impl Output {
@@ -53,6 +56,7 @@ impl Output {
         Output {
             value,
             blocks: Vec::new(),
+            exit_code: 0,
         }
     }
     pub fn heading(mut self, text: impl Into<String>) -> Output {

@@ -15,9 +15,9 @@ pub enum QuotaCommand {
     /// Decide whether this agent may run a turn now, and what exactly to run. Writes nothing.
     #[command(name = "should-run")]
     ShouldRun {
-        /// The goal (its id, as `goal list` shows it).
+        /// The goal (default: the project's only active goal).
         #[arg(long)]
-        goal_id: String,
+        goal_id: Option<String>,
         /// The agent asking (default: LOOPX_AGENT_ID, then "agent").
         #[arg(long)]
         agent_id: Option<String>,
@@ -25,9 +25,9 @@ pub enum QuotaCommand {
     /// Record compute spent, once per effect id (default: the latest run of the goal/agent).
     #[command(name = "spend-slot")]
     SpendSlot {
-        /// The goal (its id, as `goal list` shows it).
+        /// The goal (default: the project's only active goal).
         #[arg(long)]
-        goal_id: String,
+        goal_id: Option<String>,
         /// The agent that spent the compute (default: LOOPX_AGENT_ID, then "agent").
         #[arg(long)]
         agent_id: Option<String>,
@@ -125,6 +125,7 @@ pub fn run(ctx: &Context, cmd: QuotaCommand) -> Result<Output> {
     let mut kernel = ctx.kernel()?;
     match cmd {
         QuotaCommand::ShouldRun { goal_id, agent_id } => {
+            let goal_id = ctx.goal_id(&kernel, goal_id)?;
             let d = kernel.should_run(&goal_id, &ctx.agent_id(agent_id.as_deref()))?;
             let commands: Vec<String> = d
                 .next_actions()
@@ -180,6 +181,7 @@ pub fn run(ctx: &Context, cmd: QuotaCommand) -> Result<Output> {
             slots,
             effect_id,
         } => {
+            let goal_id = ctx.goal_id(&kernel, goal_id)?;
             let agent_id = agent_id.or_else(|| ctx.env_agent_id.clone());
             let actor = ctx.actor(agent_id.as_deref(), None, None);
             let r = kernel.spend(

@@ -98,9 +98,9 @@ pub enum TodoCommand {
     },
     /// Lease a todo (or, without --todo-id, the highest-priority ready one).
     Claim {
-        /// The goal (its id, as `goal list` shows it).
+        /// The goal (default: the project's only active goal).
         #[arg(long)]
-        goal_id: String,
+        goal_id: Option<String>,
         /// The todo to lease (default: the highest-priority ready one).
         #[arg(long)]
         todo_id: Option<String>,
@@ -141,9 +141,9 @@ pub enum TodoCommand {
     },
     /// Change status, text or priority, and/or attach evidence.
     Update {
-        /// The goal (its id, as `goal list` shows it).
+        /// The goal (default: the project's only active goal).
         #[arg(long)]
-        goal_id: String,
+        goal_id: Option<String>,
         /// The todo (its id within the goal, e.g. t1).
         #[arg(long)]
         todo_id: String,
@@ -172,9 +172,9 @@ pub enum TodoCommand {
     },
     /// Mark a todo completed, with evidence.
     Complete {
-        /// The goal (its id, as `goal list` shows it).
+        /// The goal (default: the project's only active goal).
         #[arg(long)]
-        goal_id: String,
+        goal_id: Option<String>,
         /// The todo (its id within the goal, e.g. t1).
         #[arg(long)]
         todo_id: String,
@@ -358,7 +358,7 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
             idempotency_key,
         } => {
             let req = ClaimRequest {
-                goal_id,
+                goal_id: ctx.goal_id(&kernel, goal_id)?,
                 todo_id,
                 agent_id: ctx.agent_id(agent_id.as_deref()),
                 ttl_seconds,
@@ -403,6 +403,7 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
             proof,
             schedule,
         } => {
+            let goal_id = ctx.goal_id(&kernel, goal_id)?;
             let actor = ctx.actor(proof.agent_id.as_deref(), proof.fence, proof.claim_key);
             let patch = TodoPatch {
                 status,
@@ -425,6 +426,7 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
             evidence,
             proof,
         } => {
+            let goal_id = ctx.goal_id(&kernel, goal_id)?;
             let actor = ctx.actor(proof.agent_id.as_deref(), proof.fence, proof.claim_key);
             Ok(change_output(
                 "Completed",

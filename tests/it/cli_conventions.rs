@@ -385,3 +385,313 @@ fn history_limit_above_its_cap_says_so() {
     );
     p.ok(&["history", "--goal-id", "g", "--limit", "1000"]);
 }
+
+/// The documented agent sequence runs without `--goal-id` on a project with one active goal, and
+/// with several the refusal names them (exit 2, nothing written).
+#[test]
+fn the_documented_sequence_runs_on_the_only_active_goal() {
+    let p = support::Project::new();
+    let none = p.run(&["quota", "should-run"]);
+    assert_eq!(none.code, 2, "{none:?}");
+    assert!(none.stderr.contains("no active goal"), "{}", none.stderr);
+
+    p.goal("only");
+    let todo = p.add_todo("only", "the work", &[]);
+    let decision = p.json(&["quota", "should-run"]);
+    assert_eq!(decision["goal_id"], "only", "{decision}");
+    let claim = p.json(&["todo", "claim", "--agent-id", "a1"]);
+    assert_eq!(claim["todo"]["id"], todo.as_str(), "{claim}");
+    let fence = claim["claim"]["fence"].as_i64().unwrap().to_string();
+    let proof = ["--agent-id", "a1", "--fence", &fence];
+    let mut update = vec![
+        "todo",
+        "update",
+        "--todo-id",
+        &todo,
+        "--evidence",
+        "cargo test: ok",
+    ];
+    update.extend_from_slice(&proof);
+    p.json(&update);
+    let mut complete = vec!["todo", "complete", "--todo-id", &todo];
+    complete.extend_from_slice(&proof);
+    p.json(&complete);
+    p.json(&[
+        "quota",
+        "spend-slot",
+        "--agent-id",
+        "a1",
+        "--effect-id",
+        "e1",
+    ]);
+    let quota = p.json(&["quota", "show", "--goal-id", "only"]);
+    assert_eq!(quota["quota"]["spent_slots"], 1, "{quota}");
+    let shown = p.json(&["todo", "show", "--goal-id", "only", "--todo-id", &todo]);
+    assert_eq!(shown["todo"]["status"], "completed", "{shown}");
+
+    // A paused goal does not count; a second active one makes the choice explicit.
+    p.goal("paused");
+    p.ok(&["goal", "pause", "--goal-id", "paused"]);
+    p.json(&["quota", "should-run"]);
+    p.goal("second");
+    let before = p.snapshot();
+    for args in [
+        &["quota", "should-run"][..],
+        &["todo", "claim"][..],
+        &["todo", "update", "--todo-id", "t1", "--evidence", "x"][..],
+        &["quota", "spend-slot"][..],
+    ] {
+        let run = p.run(args);
+        assert_eq!(run.code, 2, "{args:?}: {run:?}");
+        assert!(
+            run.stderr.contains("2 active goals: only, second")
+                || run.stderr.contains("2 active goals: second, only"),
+            "{args:?}: {}",
+            run.stderr
+        );
+    }
+    assert_eq!(before, p.snapshot(), "a refusal writes nothing");
+}
+
+#[test]
+fn start_goal_guided_refuses_without_a_terminal() {
+    let p = support::Project::empty();
+    let mut cmd = p.command(&["start-goal", "--guided"]);
+    cmd.stdin(std::process::Stdio::piped());
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    // It refuses before reading: the pipe may be closed by the time this is written.
+    let _ = child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Title\nObjective\n\n");
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("stdin is not one") && stderr.contains("--goal-text"),
+        "{stderr}"
+    );
+    assert!(!p.state().exists(), "nothing was created");
+    // --goal-text and --guided are one or the other.
+    let both = p.run(&["start-goal", "--guided", "--goal-text", "x"]);
+    assert_eq!(both.code, 2, "{both:?}");
+}
+
+/// The questions on a pseudo-terminal (util-linux `script` gives the command one), answered
+/// from a pipe: title, objective, two todos, an empty line to finish.
+#[test]
+fn start_goal_guided_asks_on_a_terminal() {
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: util-linux `script` is not installed");
+        return;
+    }
+    let p = support::Project::empty();
+    let line = format!("{} start-goal --guided", support::loopx_bin());
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &line, "/dev/null"]).current_dir(p.path());
+    for k in [
+        "LOOPX_ROOT",
+        "LOOPX_TURN_KEY",
+        "LOOPX_AGENT_ID",
+        "LOOPX_CLAIM_KEY",
+    ] {
+        cmd.env_remove(k);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(
+            "Починить сборку\nThe build is green\nfix the linker flags\nrun the tests\n\n"
+                .as_bytes(),
+        )
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{screen}");
+    for question in [
+        "Goal title",
+        "What does success look like?",
+        "First todo #1",
+        "First todo #3",
+    ] {
+        assert!(screen.contains(question), "{question}: {screen}");
+    }
+    let goal = p.json(&["goal", "show", "--goal-id", "pochinit-sborku"]);
+    assert_eq!(goal["goal"]["title"], "Починить сборку", "{goal}");
+    assert_eq!(goal["goal"]["objective"], "The build is green");
+    let todos = p.json(&["todo", "list", "--goal-id", "pochinit-sborku"]);
+    let titles: Vec<&str> = todos["todos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["title"].as_str().unwrap())
+        .collect();
+    assert_eq!(titles, ["fix the linker flags", "run the tests"]);
+}
+
+#[test]
+fn inspect_registry_prints_the_library_inspection() {
+    let p = support::Project::new();
+    p.goal("g");
+    let ok = p.json(&["inspect_registry"]);
+    assert_eq!(ok["inspection"]["ok"], true, "{ok}");
+    assert_eq!(ok["inspection"]["goals"][0]["id"], "g");
+    let text = p.ok(&["inspect_registry"]).stdout;
+    assert!(text.contains(": ok") && text.contains("g "), "{text}");
+
+    // A damaged file (any path): the typed problems, in full, and exit 5.
+    let bad = p.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"schema_version":"nope","goals":[{"id":"a","status":"active"},{"id":"a","status":"gone"}]}"#,
+    )
+    .unwrap();
+    let run = p.run(&["--format", "json", "inspect_registry", "bad.json"]);
+    assert_eq!(run.code, 5, "{run:?}");
+    let v = run.json();
+    let kinds: Vec<&str> = v["inspection"]["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "unsupported_schema",
+            "duplicate_goal_id",
+            "goal_unknown_status"
+        ]
+    );
+    let text = p.run(&["inspect_registry", "bad.json"]);
+    assert_eq!(text.code, 5);
+    assert!(
+        text.stdout.contains("goal id 'a' is listed twice"),
+        "{}",
+        text.stdout
+    );
+    let missing = p.run(&["inspect_registry", "missing.json"]);
+    assert_eq!(missing.code, 5);
+    assert!(
+        missing.stdout.contains("cannot be read"),
+        "{}",
+        missing.stdout
+    );
+}
+
+/// `script` runs `line` on a pseudo-terminal in the project and returns what the terminal
+/// showed, or `None` when util-linux `script` is not installed.
+fn on_a_terminal(p: &support::Project, line: &str) -> Option<(i32, String)> {
+    std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .ok()?;
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", line, "/dev/null"])
+        .current_dir(p.path())
+        .stdin(std::process::Stdio::null());
+    for k in [
+        "LOOPX_ROOT",
+        "LOOPX_TURN_KEY",
+        "LOOPX_AGENT_ID",
+        "LOOPX_CLAIM_KEY",
+    ] {
+        cmd.env_remove(k);
+    }
+    let out = cmd.output().unwrap();
+    Some((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    ))
+}
+
+/// `-q` drops the per-turn lines; `-v` adds the project and the duration; progress appears only
+/// when stderr is a terminal.
+#[test]
+fn quiet_verbose_and_progress() {
+    let p = support::Project::with_goal_g();
+    let host = support::result_host("completed");
+    let loop_args = |quiet: bool| {
+        let mut args = if quiet { vec!["-q"] } else { vec![] };
+        args.extend([
+            "loop",
+            "--goal-id",
+            "g",
+            "--agent-id",
+            "a1",
+            "--until-idle",
+            "--max-turns",
+            "1",
+            "--isolation",
+            "off",
+            "--trust-host-completion",
+            "--",
+            "sh",
+            "-c",
+            &host,
+        ]);
+        args
+    };
+    p.add_todo("g", "one", &[]);
+    let normal = p.run(&loop_args(false)).ok();
+    assert!(normal.stderr.contains("turn 1/1 "), "{}", normal.stderr);
+    // Into a pipe: no progress line.
+    assert!(!normal.stderr.contains("loop on g"), "{}", normal.stderr);
+    p.add_todo("g", "two", &[]);
+    let quiet = p.run(&loop_args(true)).ok();
+    assert!(quiet.stderr.is_empty(), "{}", quiet.stderr);
+    assert!(
+        quiet.stdout.contains("Loop of a1 on g: 1 turn(s)"),
+        "{}",
+        quiet.stdout
+    );
+
+    let plain = p.ok(&["status"]);
+    assert!(plain.stderr.is_empty(), "{}", plain.stderr);
+    let verbose = p.ok(&["-v", "status"]);
+    assert_eq!(verbose.stdout, plain.stdout);
+    assert!(
+        verbose.stderr.contains("loopx: project "),
+        "{}",
+        verbose.stderr
+    );
+    assert!(
+        verbose.stderr.contains("loopx: exit 0 after "),
+        "{}",
+        verbose.stderr
+    );
+    let both = p.run(&["-q", "-v", "status"]);
+    assert_eq!(both.code, 2, "{both:?}");
+
+    // On a terminal the loop says what it is doing before it waits; -q silences that too.
+    let bin = support::loopx_bin();
+    let idle = format!("{bin} loop --goal-id g --until-idle --isolation off -- true");
+    if let Some((code, screen)) = on_a_terminal(&p, &idle) {
+        assert_eq!(code, 0, "{screen}");
+        assert!(
+            screen.contains("loopx: loop on g: up to 10 turn(s)"),
+            "{screen}"
+        );
+        let quiet = format!("{bin} -q loop --goal-id g --until-idle --isolation off -- true");
+        let (_, screen) = on_a_terminal(&p, &quiet).unwrap();
+        assert!(!screen.contains("loop on g"), "{screen}");
+    }
+}
