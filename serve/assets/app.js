@@ -1,6 +1,8 @@
 // LoopX dashboard: one page, no framework, no build step. Everything shown comes from the JSON
 // API under /api/v1/ and is put on the page as text nodes (textContent), never parsed as HTML:
-// titles, evidence and summaries are written by agents and plugins.
+// titles, evidence and summaries are written by agents and plugins. Characters that would hide
+// or reorder text (controls, bidi overrides, invisible ones) are shown as escapes, as the CLI
+// shows them; the server prepends their set (`HIDDEN`, from loopx::inert::is_hidden).
 'use strict';
 
 const API = '/api/v1';
@@ -23,10 +25,22 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// Text as the CLI's inert module shows it: each hidden character as \n, \r, \t or \u{hex}
+// (a line break and a tab kept where the text is multi-line).
+function inert(s, multiline) {
+  return String(s).replace(HIDDEN, c => {
+    if (multiline && (c === '\n' || c === '\t')) return c;
+    if (c === '\n') return '\\n';
+    if (c === '\r') return '\\r';
+    if (c === '\t') return '\\t';
+    return '\\u{' + c.codePointAt(0).toString(16) + '}';
+  });
+}
+
 function append(node, children) {
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === undefined || c === null) continue;
-    node.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
+    node.appendChild(c instanceof Node ? c : document.createTextNode(inert(c)));
   }
 }
 
@@ -63,7 +77,9 @@ function text(v) {
 }
 
 function json(v) {
-  return el('pre', {}, JSON.stringify(v, null, 2));
+  const pre = el('pre');
+  pre.textContent = inert(JSON.stringify(v, null, 2), true);
+  return pre;
 }
 
 class ApiError extends Error {
@@ -222,7 +238,7 @@ function quotaSection(q) {
   const add = (tag, attrs, content) => {
     const n = document.createElementNS(ns, tag);
     for (const [k, val] of Object.entries(attrs)) n.setAttribute(k, String(val));
-    if (content !== undefined) n.textContent = content;
+    if (content !== undefined) n.textContent = inert(content);
     svg.appendChild(n);
   };
   add('line', { class: 'cap', x1: P, x2: W - P, y1: y(v.allowed_slots), y2: y(v.allowed_slots) });

@@ -11,7 +11,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -309,7 +309,44 @@ async fn index() -> Response {
 }
 
 async fn app_js() -> Response {
-    asset(APP_JS, "text/javascript; charset=utf-8")
+    static SCRIPT: LazyLock<String> = LazyLock::new(|| format!("{}{APP_JS}", hidden_characters()));
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        SCRIPT.as_str(),
+    )
+        .into_response()
+}
+
+/// The script's first line: the characters `loopx::inert` shows as escapes (controls, bidi,
+/// invisible), as a regular expression built from [`loopx::inert::is_hidden`] itself, so the page
+/// and the CLI hide the same set and there is one list to keep.
+pub fn hidden_characters() -> String {
+    let mut class = String::new();
+    let mut run: Option<(u32, u32)> = None;
+    let flush = |(lo, hi): (u32, u32), class: &mut String| {
+        class.push_str(&format!("\\u{{{lo:x}}}"));
+        if hi > lo {
+            class.push_str(&format!("-\\u{{{hi:x}}}"));
+        }
+    };
+    for c in (0..=char::MAX as u32).filter_map(char::from_u32) {
+        let cp = c as u32;
+        if !loopx::inert::is_hidden(c) {
+            continue;
+        }
+        run = match run {
+            Some((lo, hi)) if hi + 1 == cp => Some((lo, cp)),
+            Some(done) => {
+                flush(done, &mut class);
+                Some((cp, cp))
+            }
+            None => Some((cp, cp)),
+        };
+    }
+    if let Some(done) = run {
+        flush(done, &mut class);
+    }
+    format!("const HIDDEN = /[{class}]/gu;\n")
 }
 
 async fn app_css() -> Response {

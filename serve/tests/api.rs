@@ -404,6 +404,13 @@ async fn every_response_carries_the_content_security_policy_and_nosniff_and_no_c
     let (_, _, js) = send(&app, get("/app.js")).await;
     assert!(!js.contains("innerHTML") && !js.contains("outerHTML"));
     assert!(!js.contains("insertAdjacentHTML") && !js.contains("document.write"));
+    // Its first line is the set of characters the CLI shows as escapes, from loopx::inert.
+    let first = js.lines().next().unwrap();
+    assert!(
+        first.starts_with("const HIDDEN = /[\\u{0}-\\u{1f}"),
+        "{first}"
+    );
+    assert!(first.contains("\\u{2028}-\\u{202e}"), "{first}");
 }
 
 #[tokio::test]

@@ -30,6 +30,9 @@ const HOSTILE_TODO = 'Fix <script>alert(2)</script> now';
 const HOSTILE_EVIDENCE = '<img src=x onerror=alert(3)> proof';
 const HOSTILE_SUMMARY = '<b>bold</b><svg onload=alert(4)> summary';
 
+// How the page shows a value: as text, with bidi and other hidden characters as escapes.
+const shown = s => s.replace(/\u202E/g, '\\u{202e}');
+
 const project = mkdtempSync(join(tmpdir(), 'loopx-browser-'));
 const profile = mkdtempSync(join(tmpdir(), 'loopx-chromium-'));
 let server;
@@ -123,18 +126,21 @@ async function main() {
   let text = await bodyText();
   assert.match(text, /Attention queue/);
   assert.ok(text.includes('Approve the release'), 'the gate is in the attention queue');
-  assert.ok(text.includes(HOSTILE_TITLE), 'the hostile goal title is shown as text');
-  ok('attention queue lists the gate and shows the hostile title as text');
+  assert.ok(text.includes(shown(HOSTILE_TITLE)), 'the hostile goal title is shown as text');
+  assert.ok(!text.includes('\u202E'), 'no bidi override reaches the page');
+  ok('attention queue lists the gate and shows the hostile title as text, its bidi override escaped');
   await page.screenshot({ path: join(screenshots, 'attention-queue.png') });
 
   await follow('main a[href="#/goals/g1"]');
   assert.equal(await page.evaluate(() => location.hash), '#/goals/g1');
   text = await bodyText();
-  for (const want of [HOSTILE_TODO, 'bob', 'loopx gate resolve --goal-id g1 --todo-id gate1 --comment "..."',
+  for (const want of [HOSTILE_TODO, 'bob', 'Depends on t1', 't1', 'loopx gate resolve --goal-id g1 --todo-id gate1 --comment "..."',
     'Depends on t1']) {
     assert.ok(text.includes(want), `the goal page shows ${want}`);
   }
   assert.equal(await page.locator('svg.plot path.spend').count(), 1, 'the quota plot is drawn');
+  assert.equal(await page.locator('tr[data-todo="t2"] a[href="#/goals/g1/todos/t1"]').count(), 1,
+    't2 links the todo it depends on');
   ok('goal page: todos, lease holder, dependencies, gate command, quota plot');
   await page.screenshot({ path: join(screenshots, 'goal.png'), fullPage: true });
 
