@@ -8,14 +8,9 @@ use std::time::{Duration, Instant};
 
 use loopx::kernel::goal::NewGoal;
 use loopx::kernel::{Actor, Kernel};
+use support::{loopx_bin, server_bin, skip};
 
-/// The `loopx-serve` Cargo built for this test, in the directory above the test's own `deps/`.
-/// (Not `env!("CARGO_BIN_EXE_loopx-serve")`: the build's rustc wrapper, `.cargo/static-bins`,
-/// runs under `/bin/sh`, which drops variables whose names hold a `-`.)
-fn server_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("loopx-serve")
-}
+mod support;
 
 fn project() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -141,4 +136,32 @@ fn a_commit_from_another_kernel_reaches_an_open_event_stream() {
         )
         .unwrap();
     read_until(&mut seen, &mut stream, "event: change");
+}
+
+#[test]
+fn loopx_serve_without_its_executable_beside_it_names_the_fix() {
+    let loopx = loopx_bin();
+    if !loopx.is_file() {
+        return skip(
+            "loopx-bin",
+            "target/*/loopx is not built beside loopx-serve (`cargo test -p loopx-serve` alone \
+             does not build it; `cargo build` does)",
+        );
+    }
+    let dir = project();
+    let lone = tempfile::tempdir().unwrap();
+    let copy = lone.path().join("loopx");
+    std::fs::copy(&loopx, &copy).unwrap();
+    let out = Command::new(&copy)
+        .arg("--root")
+        .arg(dir.path())
+        .arg("serve")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("loopx-serve") && err.contains("cargo build"),
+        "{err}"
+    );
 }

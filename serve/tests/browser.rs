@@ -2,31 +2,16 @@
 //! driven by playwright-core) as part of `cargo test`, with the `loopx` built beside
 //! `loopx-serve`. A machine without Node, Chromium or the test's npm install cannot run it: the
 //! test then says so, and fails under CI unless the skip is declared, as every skip in this
-//! repository does (`skip` in tests/it/support/mod.rs, whose contract this follows: that helper
-//! lives in the root crate's test binary, which this crate cannot import).
+//! repository does (`support::skip`).
+
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The `loopx-serve` Cargo built for this test, in the directory above the test's own `deps/`.
-/// (Not `env!("CARGO_BIN_EXE_loopx-serve")`: the build's rustc wrapper, `.cargo/static-bins`,
-/// runs under `/bin/sh`, which drops variables whose names hold a `-`.)
-fn server_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("loopx-serve")
-}
-const CHROMIUM: &str = "/usr/bin/chromium";
+use support::{loopx_bin, skip};
 
-fn skip(key: &str, why: &str) {
-    eprintln!("SKIPPED ({key}): {why}");
-    let in_ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
-    let declared =
-        std::env::var("LOOPX_TEST_SKIPS").is_ok_and(|v| v.split(',').any(|k| k.trim() == key));
-    assert!(
-        !in_ci || declared,
-        "skipped in CI ({key}): {why}. Declare the skip for this machine with LOOPX_TEST_SKIPS={key}"
-    );
-}
+const CHROMIUM: &str = "/usr/bin/chromium";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -60,7 +45,7 @@ fn the_dashboard_works_in_chromium() {
             "playwright-core is not installed (cd tests/browser && npm install)",
         );
     }
-    let loopx = server_bin().with_file_name("loopx");
+    let loopx = loopx_bin();
     if !loopx.is_file() {
         return skip(
             "browser",

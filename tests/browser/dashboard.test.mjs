@@ -66,7 +66,14 @@ function seed() {
   const runId = run.run_id || (run.run && (run.run.run_id || run.run.id));
   assert.ok(runId, 'refresh-state names its run');
   cli('reward', 'add', '--goal-id', 'g1', '--run-id', runId, '--score', '3', '--comment', 'good');
-  return runId;
+  // One real turn in the journal: a host that reports the todo done.
+  cli('todo', 'add', '--goal-id', 'g1', '--id', 't4', '--title', 'Worked in a turn');
+  const result = JSON.stringify({ schema_version: 'loopx.turn_result.v1', status: 'completed',
+    summary: 'turn summary', evidence: [{ text: 'turn evidence' }] });
+  const turn = JSON.parse(cli('--format', 'json', 'turn', 'run', '--goal-id', 'g1', '--agent-id', 'erin',
+    '--todo-id', 't4', '--isolation', 'off', '--trust-host-completion', '--', '/bin/echo', result));
+  assert.ok(turn.turn && turn.turn.turn_key, 'the turn ran');
+  return { runId, turnKey: turn.turn.turn_key };
 }
 
 async function startServer() {
@@ -88,7 +95,7 @@ function ok(name) {
 }
 
 async function main() {
-  const runId = seed();
+  const { runId, turnKey } = seed();
   const base = await startServer();
   ok(`loopx serve listens at ${base}`);
 
@@ -157,6 +164,15 @@ async function main() {
   text = await bodyText();
   assert.ok(text.includes(runId) && text.includes(HOSTILE_SUMMARY));
   ok('history page with rewards, and the run report permalink');
+
+  await open('#/turns');
+  text = await bodyText();
+  assert.ok(text.includes(turnKey) && text.includes('erin'), 'the turn is listed');
+  await follow(`main a[href="#/turns/${turnKey}"]`);
+  text = await bodyText();
+  assert.ok(text.includes('Phases') && text.includes('committed'), 'the turn page shows its phases');
+  assert.ok(await page.locator('main table tbody tr').count() > 1, 'one row per committed phase');
+  ok('turn journal lists the turn; its permalink shows the phases');
 
   for (const [hash, want] of [['#/goals', 'A quiet second goal'], ['#/turns', 'Turn journal'],
     ['#/extensions', 'Extensions'], ['#/goals/g1/todos/gate1', 'loopx gate resolve']]) {
