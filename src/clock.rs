@@ -13,7 +13,7 @@ pub fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
-    system.saturating_add(test_clock::offset_ms())
+    test_clock::adjust(system)
 }
 
 /// The file inside `.loopx/` whose decimal content moves the test clock, in milliseconds.
@@ -25,21 +25,39 @@ pub const TEST_CLOCK_FILE: &str = "test-clock-offset-ms";
 /// anyone runs has no hook at all (docs/operator-guide.md, "Threat model").
 #[cfg(feature = "test-hooks")]
 pub mod test_clock {
-    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-    static OFFSET_MS: AtomicI64 = AtomicI64::new(0);
+    static VALUE_MS: AtomicI64 = AtomicI64::new(0);
+    static FROZEN: AtomicBool = AtomicBool::new(false);
 
-    pub(crate) fn offset_ms() -> i64 {
-        OFFSET_MS.load(Ordering::Relaxed)
+    /// The system time moved by the offset, or the frozen instant.
+    pub(crate) fn adjust(system: i64) -> i64 {
+        let value = VALUE_MS.load(Ordering::Relaxed);
+        if FROZEN.load(Ordering::Relaxed) {
+            value
+        } else {
+            system.saturating_add(value)
+        }
     }
 
     /// Reads `<state>/test-clock-offset-ms` (0 when absent or unreadable).
     pub fn load(state: &std::path::Path) {
-        let offset = std::fs::read_to_string(state.join(super::TEST_CLOCK_FILE))
-            .ok()
-            .and_then(|t| t.trim().parse::<i64>().ok())
-            .unwrap_or(0);
-        OFFSET_MS.store(offset, Ordering::Relaxed);
+        let text = std::fs::read_to_string(state.join(super::TEST_CLOCK_FILE)).unwrap_or_default();
+        let text = text.trim();
+        let (frozen, digits) = match text.strip_prefix('@') {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        match digits.parse::<i64>() {
+            Ok(v) => {
+                VALUE_MS.store(v, Ordering::Relaxed);
+                FROZEN.store(frozen, Ordering::Relaxed);
+            }
+            Err(_) => {
+                VALUE_MS.store(0, Ordering::Relaxed);
+                FROZEN.store(false, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -47,8 +65,8 @@ pub mod test_clock {
 #[cfg(not(feature = "test-hooks"))]
 pub mod test_clock {
     #[inline(always)]
-    pub(crate) fn offset_ms() -> i64 {
-        0
+    pub(crate) fn adjust(system: i64) -> i64 {
+        system
     }
 
     /// Does nothing: only `test-hooks` builds read a test clock.
@@ -210,7 +228,10 @@ mod tests {
         for ms in [0, 951_782_400_000, 1_798_761_599_999, 1_796_187_600_000] {
             assert_eq!(parse_rfc3339(&rfc3339(ms)), Some(ms));
         }
-        assert_eq!(parse_rfc3339("2026-12-02T05:00:00Z"), Some(1_796_187_600_000));
+        assert_eq!(
+            parse_rfc3339("2026-12-02T05:00:00Z"),
+            Some(1_796_187_600_000)
+        );
         assert_eq!(
             parse_rfc3339("2026-12-02T05:00:00.5+00:00"),
             Some(1_796_187_600_500)

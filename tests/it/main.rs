@@ -15,6 +15,7 @@ mod inert_output;
 mod input_limits;
 mod kernel_cli;
 mod loop_agents;
+mod monitors;
 mod output_snapshots;
 mod parser_fuzz;
 mod registry_inspect;

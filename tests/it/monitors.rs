@@ -1,0 +1,615 @@
+//! Scheduled monitors and the heartbeat, on the test clock: a test build reads
+//! `.loopx/test-clock-offset-ms` (`@N` freezes the clock at N ms), which only `test-hooks` builds
+//! compile in (src/clock.rs). Due times, backoff, material changes, `--until`, deferred todos, the
+//! exact scheduler hint, overlapping heartbeats and failing providers.
+
+use std::process::Stdio;
+
+use serde_json::Value;
+
+use crate::support::Project;
+use crate::support::plugin::{repo, wasm};
+
+/// 2026-12-02T05:00:00Z.
+const T0: i64 = 1_796_187_600_000;
+const HOUR: i64 = 3_600_000;
+const MINUTE: i64 = 60_000;
+
+fn project() -> Project {
+    let p = Project::new();
+    p.ok(&["goal", "create", "--id", "g", "--title", "Monitors"]);
+    p
+}
+
+fn freeze(p: &Project, at: i64) {
+    std::fs::write(p.state().join("test-clock-offset-ms"), format!("@{at}")).unwrap();
+}
+
+fn should_run(p: &Project) -> Value {
+    p.json(&["quota", "should-run", "--goal-id", "g", "--agent-id", "a"])
+}
+
+fn hint(d: &Value) -> (String, u64) {
+    (
+        d["scheduler_hint"]["action"].as_str().unwrap().to_string(),
+        d["scheduler_hint"]["next_check_after_seconds"]
+            .as_u64()
+            .unwrap(),
+    )
+}
+
+fn check(p: &Project, todo: &str, observation: &str) -> Value {
+    p.json(&[
+        "todo",
+        "check",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        todo,
+        "--observation",
+        observation,
+    ])["check"]
+        .clone()
+}
+
+fn show(p: &Project, todo: &str) -> Value {
+    p.json(&["todo", "show", "--goal-id", "g", "--todo-id", todo])
+}
+
+fn todo_ids(p: &Project) -> Vec<String> {
+    p.json(&["todo", "list", "--goal-id", "g"])["todos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn once(p: &Project, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "--format",
+        "json",
+        "loop",
+        "--once",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "true"]);
+    p.run(&args).ok().json()["heartbeat"].clone()
+}
+
+#[test]
+fn an_hourly_monitor_is_due_at_the_hour_not_before() {
+    let p = project();
+    freeze(&p, T0);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "m",
+        "--kind",
+        "monitor",
+        "--every",
+        "1h",
+        "--title",
+        "watch the metric",
+    ]);
+    let d = should_run(&p);
+    assert_eq!(hint(&d), ("monitor_due".to_string(), 0));
+    assert_eq!(d["selected_todo"]["id"], "m");
+    assert_eq!(check(&p, "m", "rps=10")["result"], "baseline");
+
+    freeze(&p, T0 + HOUR - 1000);
+    let d = should_run(&p);
+    assert_eq!(hint(&d), ("monitor_quiet".to_string(), 1), "{d}");
+    assert_eq!(d["route"], "wait");
+    assert_eq!(d["should_run"], false);
+
+    freeze(&p, T0 + HOUR);
+    let d = should_run(&p);
+    assert_eq!(hint(&d), ("monitor_due".to_string(), 0), "{d}");
+    assert_eq!(d["route"], "ready_for_host");
+    assert_eq!(d["selected_todo"]["id"], "m");
+    assert_eq!(d["monitor"]["next_due_at"], "2026-12-02T06:00:00.000Z");
+}
+
+/// docs/state-model.md, "Monitors": x1 until `--max-no-change` (3) quiet checks, then x2, x4,
+/// x8, capped at x8.
+#[test]
+fn twenty_quiet_checks_back_off_as_documented() {
+    let p = project();
+    freeze(&p, T0);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "m",
+        "--kind",
+        "monitor",
+        "--every",
+        "1h",
+        "--title",
+        "nightly benchmark",
+    ]);
+    assert_eq!(check(&p, "m", "same")["result"], "baseline");
+    let mut at = T0;
+    let mut intervals = Vec::new();
+    for quiet in 0..20 {
+        let factor = match quiet {
+            0..=2 => 1,
+            3 => 2,
+            4 => 4,
+            _ => 8,
+        };
+        let due = at + factor * HOUR;
+        freeze(&p, due - 1000);
+        assert_eq!(
+            hint(&should_run(&p)),
+            ("monitor_quiet".to_string(), 1),
+            "quiet check {quiet} is not due a second early"
+        );
+        freeze(&p, due);
+        assert_eq!(
+            hint(&should_run(&p)).0,
+            "monitor_due",
+            "quiet check {quiet}"
+        );
+        let c = check(&p, "m", "same");
+        assert_eq!(c["result"], "unchanged");
+        assert_eq!(c["monitor"]["no_change_count"], quiet + 1);
+        intervals.push((due - at) / HOUR);
+        at = due;
+    }
+    assert_eq!(
+        intervals,
+        vec![1, 1, 1, 2, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]
+    );
+    // Twenty quiet checks recorded no evidence.
+    assert_eq!(show(&p, "m")["evidence"].as_array().unwrap().len(), 0);
+    // A change resets the cadence.
+    let c = check(&p, "m", "different");
+    assert_eq!(c["result"], "changed");
+    assert_eq!(c["monitor"]["interval_seconds"], 3600.0);
+}
+
+#[test]
+fn a_material_change_records_exactly_one_evidence_row_and_one_follow_up() {
+    let p = project();
+    freeze(&p, T0);
+    for (id, extra) in [
+        ("m", vec![]),
+        ("w", vec!["--watch-only"]),
+        ("r", vec!["--on-change", "replan"]),
+    ] {
+        let mut args = vec![
+            "todo",
+            "add",
+            "--goal-id",
+            "g",
+            "--id",
+            id,
+            "--kind",
+            "monitor",
+            "--every",
+            "1h",
+            "--title",
+            "watch",
+            "--target",
+            "rps",
+        ];
+        args.extend(extra);
+        p.ok(&args);
+        assert_eq!(check(&p, id, "rps=10")["result"], "baseline");
+        assert_eq!(check(&p, id, "rps=10")["result"], "unchanged");
+    }
+    let before = todo_ids(&p).len();
+    let c = check(&p, "m", "rps=12");
+    assert_eq!(c["result"], "changed");
+    let follow = c["follow_up_todo"].as_str().unwrap().to_string();
+    assert_eq!(check(&p, "m", "rps=12")["result"], "unchanged");
+    let evidence = show(&p, "m")["evidence"].as_array().unwrap().clone();
+    assert_eq!(evidence.len(), 1, "{evidence:?}");
+    assert!(evidence[0]["text"].as_str().unwrap().contains("rps=12"));
+    assert_eq!(todo_ids(&p).len(), before + 1);
+    let t = show(&p, &follow)["todo"].clone();
+    assert_eq!(
+        (t["kind"].as_str(), t["priority"].as_str()),
+        (Some("task"), Some("P1"))
+    );
+
+    // Watch-only: the evidence, no follow-up.
+    let c = check(&p, "w", "rps=12");
+    assert_eq!(
+        (c["result"].as_str(), c["follow_up_todo"].as_null()),
+        (Some("changed"), Some(()))
+    );
+    assert_eq!(show(&p, "w")["evidence"].as_array().unwrap().len(), 1);
+    assert_eq!(todo_ids(&p).len(), before + 1);
+
+    // Replan: a P0 todo to replan the goal.
+    let c = check(&p, "r", "rps=12");
+    let replan = show(&p, c["follow_up_todo"].as_str().unwrap())["todo"].clone();
+    assert_eq!(replan["priority"], "P0");
+    assert!(replan["title"].as_str().unwrap().starts_with("Replan"));
+
+    // A check never completes a monitor.
+    let r = p.run(&["todo", "complete", "--goal-id", "g", "--todo-id", "m"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(show(&p, "m")["todo"]["status"], "open");
+}
+
+#[test]
+fn until_ends_the_monitor() {
+    let p = project();
+    freeze(&p, T0);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "m",
+        "--kind",
+        "monitor",
+        "--every",
+        "1h",
+        "--until",
+        "+150m",
+        "--title",
+        "watch until the release",
+    ]);
+    check(&p, "m", "x");
+    freeze(&p, T0 + 2 * HOUR);
+    assert_eq!(once(&p, &[])["ended_monitors"], serde_json::json!([]));
+    assert_eq!(show(&p, "m")["todo"]["status"], "open");
+    freeze(&p, T0 + 150 * MINUTE);
+    // Past --until the monitor is not due (the decision is a pure read) and takes no check.
+    assert_eq!(should_run(&p)["monitor"], Value::Null);
+    let r = p.run(&[
+        "todo",
+        "check",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        "m",
+        "--observation",
+        "y",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let beat = once(&p, &[]);
+    assert_eq!(beat["ended_monitors"], serde_json::json!(["m"]));
+    assert_eq!(show(&p, "m")["todo"]["status"], "archived");
+    assert_eq!(should_run(&p)["route"], "replan_required");
+}
+
+#[test]
+fn a_deferred_todo_resumes_at_its_time() {
+    let p = project();
+    freeze(&p, T0);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "t",
+        "--title",
+        "later",
+    ]);
+    p.ok(&[
+        "todo",
+        "update",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        "t",
+        "--status",
+        "deferred",
+        "--until",
+        "+2m",
+    ]);
+    assert_eq!(
+        show(&p, "t")["todo"]["resumes_at"],
+        "2026-12-02T05:02:00.000Z"
+    );
+    let d = should_run(&p);
+    assert_eq!(d["route"], "wait");
+    assert_eq!(d["scheduler_hint"]["next_check_after_seconds"], 120);
+    freeze(&p, T0 + 2 * MINUTE - 1);
+    assert_eq!(once(&p, &[])["resumed_todos"], serde_json::json!([]));
+    assert_eq!(show(&p, "t")["todo"]["status"], "deferred");
+    freeze(&p, T0 + 2 * MINUTE);
+    let beat = once(&p, &["--max-turns", "1"]);
+    assert_eq!(beat["resumed_todos"], serde_json::json!(["t"]));
+    assert_ne!(show(&p, "t")["todo"]["status"], "deferred");
+    assert_eq!(show(&p, "t")["todo"]["resumes_at"], Value::Null);
+    // The resumed todo is ordinary work again: the tick ran a turn on it.
+    assert_eq!(beat["turns"][0]["todo_id"], "t");
+    // --until on a todo that is not deferred is refused, the state untouched.
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "u",
+        "--title",
+        "now",
+    ]);
+    let before = p.db_dump(None);
+    let r = p.run(&[
+        "todo",
+        "update",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        "u",
+        "--until",
+        "+1h",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert_eq!(p.db_dump(None), before);
+}
+
+/// The hint is the earliest of the next monitor due, the next lease expiry and the next deferred
+/// todo resuming, to the second, and the decision writes nothing.
+#[test]
+fn should_run_stays_pure_and_its_hint_is_exact() {
+    let p = project();
+    freeze(&p, T0);
+    for (id, every) in [("m1", "1h"), ("m2", "30m")] {
+        p.ok(&[
+            "todo",
+            "add",
+            "--goal-id",
+            "g",
+            "--id",
+            id,
+            "--kind",
+            "monitor",
+            "--every",
+            every,
+            "--title",
+            "watch",
+        ]);
+        check(&p, id, "v");
+    }
+    freeze(&p, T0 + 10 * MINUTE);
+    p.ok(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        "m1",
+        "--agent-id",
+        "b",
+        "--ttl-seconds",
+        "600",
+    ]);
+    let before = p.db_dump(None);
+    let d = should_run(&p);
+    assert_eq!(p.db_dump(None), before, "should-run wrote to the store");
+    // m1 is leased to b until T0+20m, m2 due at T0+30m: the lease expiry comes first.
+    assert_eq!(hint(&d), ("monitor_quiet".to_string(), 600), "{d}");
+    // After the lease expired without a check, m1 waits a cadence from the claim (T0+70m);
+    // m2 is next, at T0+30m.
+    freeze(&p, T0 + 25 * MINUTE);
+    assert_eq!(hint(&should_run(&p)), ("monitor_quiet".to_string(), 300));
+    // A deferred todo resuming sooner is pending work (route wait), and the hint is exact.
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "t",
+        "--title",
+        "later",
+    ]);
+    p.ok(&[
+        "todo",
+        "update",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        "t",
+        "--status",
+        "deferred",
+        "--until",
+        "+90s",
+    ]);
+    let d = should_run(&p);
+    assert_eq!(
+        hint(&d),
+        ("backoff_until_state_change".to_string(), 90),
+        "{d}"
+    );
+    freeze(&p, T0 + 30 * MINUTE);
+    let d = should_run(&p);
+    assert_eq!(hint(&d), ("monitor_due".to_string(), 0));
+    assert_eq!(d["selected_todo"]["id"], "m2");
+}
+
+fn fs_project(dir: &std::path::Path) -> Project {
+    wasm("fs-observe");
+    let p = project();
+    let grant = format!("fs.read:workspace={}", dir.display());
+    p.ok(&[
+        "extension",
+        "install",
+        repo().join("extensions/fs-observe").to_str().unwrap(),
+        "--grant",
+        &grant,
+    ]);
+    p
+}
+
+fn monitor_json(p: &Project, id: &str) -> Value {
+    show(p, id)["todo"]["monitor"].clone()
+}
+
+/// Several `loop --once` processes at once (cron firing twice) and one `loop --watch`: each due
+/// provider-backed check runs exactly once.
+#[test]
+fn overlapping_heartbeats_never_run_one_due_monitor_twice() {
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("metric.txt"), "rps = 10\n").unwrap();
+    let p = fs_project(data.path());
+    freeze(&p, T0);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "m",
+        "--kind",
+        "monitor",
+        "--every",
+        "1h",
+        "--title",
+        "rps",
+        "--probe",
+        "fs-observe/fs",
+        "metric",
+        "metric.txt",
+    ]);
+    for round in 0..3i64 {
+        freeze(&p, T0 + round * HOUR);
+        let children: Vec<_> = (0..4)
+            .map(|_| {
+                p.command(&[
+                    "--format",
+                    "json",
+                    "loop",
+                    "--once",
+                    "--goal-id",
+                    "g",
+                    "--agent-id",
+                    "a",
+                    "--",
+                    "true",
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+            })
+            .collect();
+        let mut ran = 0;
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            ran += v["heartbeat"]["checks"].as_array().unwrap().len();
+        }
+        assert_eq!(ran, 1, "round {round}: one check among four ticks");
+        assert_eq!(monitor_json(&p, "m")["checks"], round + 1);
+    }
+    let ops = p.db_dump(Some(&["ops"]));
+    assert_eq!(ops.matches("monitor_check_claim").count(), 3, "{ops}");
+}
+
+#[test]
+fn a_failing_provider_is_a_failed_check_retried_next_cadence_that_blocks_nothing() {
+    let data = tempfile::tempdir().unwrap();
+    let p = fs_project(data.path());
+    freeze(&p, T0);
+    // The file does not exist: the provider fails. Another names no installed provider.
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "m",
+        "--kind",
+        "monitor",
+        "--every",
+        "1h",
+        "--title",
+        "rps",
+        "--probe",
+        "fs-observe/fs",
+        "metric",
+        "missing.txt",
+    ]);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "n",
+        "--kind",
+        "monitor",
+        "--every",
+        "1h",
+        "--title",
+        "gone",
+        "--probe",
+        "nope/nope",
+        "metric",
+        "x",
+    ]);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "t",
+        "--title",
+        "ordinary work",
+    ]);
+    let beat = once(&p, &["--max-turns", "1"]);
+    let results: Vec<(String, String)> = beat["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["todo_id"].as_str().unwrap().to_string(),
+                c["result"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        results,
+        vec![("m".into(), "failed".into()), ("n".into(), "failed".into())]
+    );
+    for id in ["m", "n"] {
+        let m = monitor_json(&p, id);
+        assert_eq!(m["failures"], 1);
+        assert!(
+            m["last_failure"].as_str().unwrap().contains("failed"),
+            "{m}"
+        );
+        assert_eq!(m["next_due_at"], "2026-12-02T06:00:00.000Z");
+    }
+    // The failures did not block the ordinary todo: the tick ran its turn.
+    assert_eq!(beat["turns"][0]["todo_id"], "t");
+    // Retried on the next cadence, not before; a disabled provider fails the same way.
+    p.ok(&["extension", "disable", "fs-observe"]);
+    freeze(&p, T0 + HOUR - 1000);
+    assert_eq!(
+        once(&p, &["--max-turns", "1"])["checks"],
+        serde_json::json!([])
+    );
+    freeze(&p, T0 + HOUR);
+    let beat = once(&p, &["--max-turns", "1"]);
+    assert_eq!(beat["checks"].as_array().unwrap().len(), 2);
+    assert_eq!(monitor_json(&p, "m")["failures"], 2);
+}
