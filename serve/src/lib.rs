@@ -128,8 +128,8 @@ pub fn router(config: Config, changes: broadcast::Sender<u64>) -> Router {
         .with_state(state)
 }
 
-/// Sleeps in a [`ChangeWatcher`] on its own thread and sends one message per commit noticed.
-/// Returns when the watcher fails (the error) or nobody can receive any more.
+/// Sleeps in a [`ChangeWatcher`] (call it on a thread of its own) and sends one message per
+/// commit noticed, for the life of the process. Returns only when the watcher fails.
 pub fn watch_changes(
     paths: &ProjectPaths,
     changes: broadcast::Sender<u64>,
@@ -137,8 +137,7 @@ pub fn watch_changes(
     let mut watcher = ChangeWatcher::new(paths)?;
     let mut seq = 0u64;
     loop {
-        // A bounded wait, so a server with no page open notices its channel closed.
-        if watcher.wait(Some(Duration::from_secs(60)))? {
+        if watcher.wait(None)? {
             seq += 1;
             // No receiver (no page open) is not an error: the next page fetches fresh state.
             let _ = changes.send(seq);
