@@ -32,6 +32,7 @@ mod status;
 mod summary;
 mod todo;
 mod turn;
+mod watch;
 
 use std::cell::{OnceCell, RefCell, RefMut};
 use std::path::PathBuf;
@@ -158,6 +159,8 @@ pub struct Context {
     pub root: Option<PathBuf>,
     pub cwd: PathBuf,
     pub verbosity: Verbosity,
+    /// `--format`, for commands that print as they go (`--watch`).
+    pub format: Format,
     /// `LOOPX_TURN_KEY`: set by the turn driver for the agent host it runs.
     pub turn_key: Option<String>,
     /// `LOOPX_AGENT_ID`: the agent identity of this process, when it has one.
@@ -171,7 +174,7 @@ pub struct Context {
 }
 
 impl Context {
-    fn from_env(root: Option<PathBuf>, verbosity: Verbosity) -> Result<Context> {
+    fn from_env(root: Option<PathBuf>, verbosity: Verbosity, format: Format) -> Result<Context> {
         let cwd = std::env::current_dir()
             .map_err(|e| LoopxError::internal("reading the working directory", e))?;
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -179,6 +182,7 @@ impl Context {
             root,
             cwd,
             verbosity,
+            format,
             turn_key: var("LOOPX_TURN_KEY"),
             env_agent_id: var("LOOPX_AGENT_ID"),
             env_claim_key: var("LOOPX_CLAIM_KEY"),
@@ -188,17 +192,23 @@ impl Context {
     }
 
     /// The context of one request on a turn's agent channel (served by the driver).
-    fn for_turn(paths: &ProjectPaths, identity: &TurnIdentity) -> Context {
+    fn for_turn(paths: &ProjectPaths, identity: &TurnIdentity, format: Format) -> Context {
         Context {
             root: Some(paths.project.clone()),
             cwd: paths.project.clone(),
             verbosity: Verbosity::Normal,
+            format,
             turn_key: Some(identity.turn_key.clone()),
             env_agent_id: Some(identity.agent_id.clone()),
             env_claim_key: Some(identity.claim_key.clone()),
             turn: Some(identity.clone()),
             kernel: OnceCell::new(),
         }
+    }
+
+    /// Whether this context serves a request on a turn's agent channel.
+    pub fn in_turn(&self) -> bool {
+        self.turn.is_some()
     }
 
     /// A progress line on stderr for long work (compiling a component, waiting for work): only
@@ -451,7 +461,7 @@ pub fn main(wasm: WasmDispatch) -> i32 {
     {
         format = Format::Json;
     }
-    let ctx = match Context::from_env(cli.root, verbosity) {
+    let ctx = match Context::from_env(cli.root, verbosity, format) {
         Ok(ctx) => ctx,
         Err(err) => {
             report_error(&err, format);

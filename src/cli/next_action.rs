@@ -351,7 +351,7 @@ mod tests {
                     assert_eq!(
                         (g, t, a, k),
                         (
-                            goal_id.clone(),
+                            Some(goal_id.clone()),
                             Some(todo_id.clone()),
                             Some(agent_id.clone()),
                             Some(idempotency_key.clone())
@@ -380,7 +380,7 @@ mod tests {
                     assert_eq!(
                         (g, t, proof.agent_id, proof.claim_key),
                         (
-                            goal_id.clone(),
+                            Some(goal_id.clone()),
                             todo_id.clone(),
                             Some(agent_id.clone()),
                             Some(claim_key.clone())
@@ -420,7 +420,7 @@ mod tests {
                     else {
                         panic!("{argv:?} parsed as {parsed:?}")
                     };
-                    assert_eq!((g, a), (goal_id.clone(), Some(agent_id.clone())));
+                    assert_eq!((g, a), (Some(goal_id.clone()), Some(agent_id.clone())));
                     // One slot, keyed by the run refresh-state just recorded.
                     assert_eq!((slots, effect_id), (1, None));
                     3
@@ -468,12 +468,17 @@ mod tests {
                 }
                 NextAction::ListTodos { goal_id } => {
                     let Command::Todo(Nested {
-                        command: TodoCommand::List { goal_id: g, status },
+                        command:
+                            TodoCommand::List {
+                                goal_id: g,
+                                status,
+                                watch,
+                            },
                     }) = parsed
                     else {
                         panic!("{argv:?} parsed as {parsed:?}")
                     };
-                    assert_eq!((&g, status), (goal_id, None));
+                    assert_eq!((&g, status, watch), (goal_id, None, false));
                     7
                 }
                 NextAction::SetCompute { goal_id, compute } => {

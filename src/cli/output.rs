@@ -49,6 +49,8 @@ pub struct Output {
     /// The exit code after printing: 0, or the code of a report that found what it looked for
     /// wrong (a damaged registry is exit 5 with the whole inspection printed, not only a message).
     pub exit_code: i32,
+    /// The command printed its output itself as it went (`--watch`): nothing is left to print.
+    pub streamed: bool,
 }
 
 impl Output {
@@ -57,6 +59,7 @@ impl Output {
             value,
             blocks: Vec::new(),
             exit_code: 0,
+            streamed: false,
         }
     }
     pub fn heading(mut self, text: impl Into<String>) -> Output {
@@ -95,16 +98,32 @@ impl Output {
         self
     }
 
+    /// What a command that printed its own output (`--watch`) returns.
+    pub fn streamed(redraws: u64) -> Output {
+        let mut out = Output::new(serde_json::json!({ "redraws": redraws }));
+        out.streamed = true;
+        out
+    }
+
+    /// The JSON value as printed: with `schema_version` and `ok`.
+    pub fn json_value(&self) -> Value {
+        let mut value = self.value.clone();
+        if let Value::Object(map) = &mut value {
+            map.entry("schema_version")
+                .or_insert_with(|| Value::String(CLI_SCHEMA.to_string()));
+            map.entry("ok").or_insert(Value::Bool(true));
+        }
+        value
+    }
+
     pub fn render(&self, format: Format) -> String {
+        if self.streamed {
+            return String::new();
+        }
         match format {
             Format::Json => {
-                let mut value = self.value.clone();
-                if let Value::Object(map) = &mut value {
-                    map.entry("schema_version")
-                        .or_insert_with(|| Value::String(CLI_SCHEMA.to_string()));
-                    map.entry("ok").or_insert(Value::Bool(true));
-                }
-                let mut s = serde_json::to_string_pretty(&value).expect("output values serialize");
+                let mut s = serde_json::to_string_pretty(&self.json_value())
+                    .expect("output values serialize");
                 s.push('\n');
                 s
             }

@@ -86,7 +86,7 @@ pub fn api_read(paths: &ProjectPaths, args: &[String]) -> Result<String> {
             args.first().map(String::as_str).unwrap_or_default()
         )));
     }
-    let ctx = Context::from_env(Some(paths.project.clone()), Verbosity::Quiet)?;
+    let ctx = Context::from_env(Some(paths.project.clone()), Verbosity::Quiet, Format::Json)?;
     let output = super::dispatch(&ctx, cli.command, super::run_wasm_command)?;
     Ok(output.render(Format::Json))
 }

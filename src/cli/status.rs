@@ -13,10 +13,21 @@ pub struct StatusArgs {
     /// One goal (default: every goal that is not closed).
     #[arg(long)]
     pub goal_id: Option<String>,
+    /// Print it again after every commit by any process (in place on a terminal) until
+    /// Ctrl-C/SIGTERM or until stdout closes.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 pub fn run(ctx: &Context, args: StatusArgs) -> Result<Output> {
-    let report = ctx.kernel()?.status(args.goal_id.as_deref())?;
+    if args.watch {
+        return super::watch::run(ctx, || snapshot(ctx, args.goal_id.as_deref()));
+    }
+    snapshot(ctx, args.goal_id.as_deref())
+}
+
+fn snapshot(ctx: &Context, goal_id: Option<&str>) -> Result<Output> {
+    let report = ctx.kernel()?.status(goal_id)?;
     let now = now_ms();
     let queue_rows = report
         .attention

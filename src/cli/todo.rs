@@ -86,6 +86,10 @@ pub enum TodoCommand {
         /// Only todos in this status: open, claimed, blocked, deferred, completed, archived.
         #[arg(long, value_parser = TodoStatus::parse)]
         status: Option<TodoStatus>,
+        /// Print the list again after every commit by any process (in place on a terminal)
+        /// until Ctrl-C/SIGTERM or until stdout closes.
+        #[arg(long)]
+        watch: bool,
     },
     /// Show one todo with its evidence.
     Show {
@@ -276,6 +280,25 @@ fn grant_output(grant: &ClaimGrant) -> Output {
     ])
 }
 
+/// `todo list`: a goal's todos, optionally of one status (also each redraw of `--watch`).
+fn list(
+    kernel: &crate::kernel::Kernel,
+    goal_id: &str,
+    status: Option<TodoStatus>,
+) -> Result<Output> {
+    let now = now_ms();
+    let todos: Vec<Todo> = kernel
+        .todos(goal_id)?
+        .into_iter()
+        .filter(|t| status.is_none_or(|s| t.status == s))
+        .collect();
+    let monitors = kernel.monitors(goal_id)?;
+    let out = Output::new(json!({"goal_id": goal_id, "todos": todos.iter().map(|t| todo_json(t, now)).collect::<Vec<_>>()}))
+        .heading(format!("{} todo(s) in {goal_id}", todos.len()))
+        .table(&["id", "pri", "kind", "status", "claim", "title"], todos.iter().map(|t| todo_row(t, now)).collect());
+    Ok(with_monitor_list(out, &todos, &monitors, now))
+}
+
 pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
     let mut kernel = ctx.kernel()?;
     match cmd {
@@ -319,19 +342,14 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
             let todo = kernel.add_todo(&actor, &goal_id, new)?;
             Ok(todo_output("Added", &todo))
         }
-        TodoCommand::List { goal_id, status } => {
-            let now = now_ms();
-            let todos: Vec<Todo> = kernel
-                .todos(&goal_id)?
-                .into_iter()
-                .filter(|t| status.is_none_or(|s| t.status == s))
-                .collect();
-            let monitors = kernel.monitors(&goal_id)?;
-            let out = Output::new(json!({"goal_id": goal_id, "todos": todos.iter().map(|t| todo_json(t, now)).collect::<Vec<_>>()}))
-                .heading(format!("{} todo(s) in {goal_id}", todos.len()))
-                .table(&["id", "pri", "kind", "status", "claim", "title"], todos.iter().map(|t| todo_row(t, now)).collect());
-            Ok(with_monitor_list(out, &todos, &monitors, now))
-        }
+        TodoCommand::List {
+            goal_id,
+            status,
+            watch: true,
+        } => super::watch::run(ctx, || list(&kernel, &goal_id, status)),
+        TodoCommand::List {
+            goal_id, status, ..
+        } => list(&kernel, &goal_id, status),
         TodoCommand::Show { goal_id, todo_id } => {
             let (todo, evidence) = kernel.todo(&goal_id, &todo_id)?;
             let monitor = kernel.monitor(&goal_id, &todo_id)?;

@@ -695,3 +695,135 @@ fn quiet_verbose_and_progress() {
         assert!(!screen.contains("loop on g"), "{screen}");
     }
 }
+
+/// A `--watch` process with its stdout in a pipe, the lines it printed collected by a thread.
+struct Watching {
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Watching {
+    fn start(p: &support::Project, args: &[&str]) -> Watching {
+        use std::io::BufRead;
+        let mut child = p
+            .command(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Watching { child, lines }
+    }
+
+    /// Waits (up to 20 s) until `n` blocks have been printed; returns the output so far.
+    fn blocks(&self, n: usize) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let text = self.lines.lock().unwrap().join("\n");
+            if text.lines().filter(|l| l.starts_with("--- ")).count() >= n {
+                return text;
+            }
+            assert!(std::time::Instant::now() < deadline, "{n} blocks: {text}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then the exit code (within 10 s).
+    fn stop(mut self) -> Option<i32> {
+        // SAFETY: signalling our own child by its id.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        exit_within(&mut self.child, 10)
+    }
+}
+
+fn exit_within(child: &mut std::process::Child, seconds: u64) -> Option<i32> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("still running {seconds} s later");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// `status --watch` and `todo list --watch` print a new block when another process commits, and
+/// end with exit 0 on SIGTERM; a watcher whose reader has gone ends by itself.
+#[test]
+fn watch_redraws_on_every_commit() {
+    let p = support::Project::new();
+    p.goal("g");
+    p.add_todo("g", "first", &[]);
+
+    let status = Watching::start(&p, &["status", "--watch"]);
+    let first = status.blocks(1);
+    assert!(
+        first.contains("Attention queue") && first.contains("1 "),
+        "{first}"
+    );
+    p.add_todo("g", "second", &[]);
+    let both = status.blocks(2);
+    let second = both.rsplit("--- ").next().unwrap();
+    assert!(second.contains("Attention queue"), "{second}");
+    // A read changes nothing, so it draws nothing.
+    p.ok(&["todo", "list", "--goal-id", "g"]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(status.blocks(2).matches("--- ").count(), 2);
+    assert_eq!(status.stop(), Some(0), "a signal ends the watch cleanly");
+
+    let list = Watching::start(&p, &["todo", "list", "--goal-id", "g", "--watch"]);
+    assert!(!list.blocks(1).contains("third"));
+    p.add_todo("g", "third", &[]);
+    let two = list.blocks(2);
+    assert!(
+        two.rsplit("--- ").next().unwrap().contains("third"),
+        "{two}"
+    );
+    assert_eq!(list.stop(), Some(0));
+
+    // JSON: one document per line; a closed stdout ends the watch.
+    let mut json = p
+        .command(&[
+            "--format",
+            "json",
+            "todo",
+            "list",
+            "--goal-id",
+            "g",
+            "--watch",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(json.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["todos"].as_array().unwrap().len(), 3, "{v}");
+    // The reader is dropped above: the pipe is closed.
+    assert_eq!(exit_within(&mut json, 10), Some(0));
+
+    // On a terminal each redraw clears the screen and homes the cursor first.
+    let line = format!(
+        "timeout --preserve-status -s TERM 1 {} status --watch",
+        support::loopx_bin()
+    );
+    if let Some((code, screen)) = on_a_terminal(&p, &line) {
+        assert_eq!(code, 0, "{screen}");
+        assert!(screen.starts_with("\x1b[H\x1b[2JAttention queue"), "{screen:?}");
+        assert!(!screen.contains("--- "), "{screen}");
+    }
+}
