@@ -270,7 +270,7 @@ impl Kernel {
                         if let Some(rec) = tx.turn(&c.turn_key)?
                             && rec.data_error.is_none()
                         {
-                            let after = compact_journal_data(&rec.data);
+                            let after = compact_journal_data(&rec.data, &rec.turn_key);
                             turns.push(TurnCompaction {
                                 turn_key: c.turn_key.clone(),
                                 goal_id: c.goal_id.clone(),
@@ -376,7 +376,7 @@ impl Kernel {
                     if rec.data_error.is_some() {
                         continue;
                     }
-                    let data = compact_journal_data(&rec.data);
+                    let data = compact_journal_data(&rec.data, &rec.turn_key);
                     if tx.retention_tx().compact_turn(&t.turn_key, &data, now)? {
                         keys.push(t.turn_key.as_str());
                         freed += t.bytes_before.saturating_sub(t.bytes_after);

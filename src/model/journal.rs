@@ -115,33 +115,41 @@ pub struct TurnRecord {
     pub data_error: Option<String>,
 }
 
-/// The journal keys [`compact_journal_data`] removes, and why each buys nothing once a turn has
-/// settled: `request` (kept as null) is the JSON the host read on stdin, rebuilt from the todo and goal (its
-/// result-schema text is the same for every turn); `host` and `validation.validator` hold the
-/// processes' stdout and stderr tails (the result the host printed stays parsed in `result`, the
-/// exit of each process in `compacted`; the validation's `detail`, a sentence derived from its
-/// verdict flags, is emptied); `result.observations`/`result.proposals` and
-/// `writeback` are the inputs and report of admission, whose verdicts stay in `compacted` and in
-/// full in the run's payload; `timings_us` is a profile of the live turn. Keys whose value is
-/// null go too, and `orphans_killed` when empty: the journal schema reads them as absent.
+/// The journal keys [`compact_journal_data`] removes or empties, and why each buys nothing once a
+/// turn has settled: `request` (kept as null) is the JSON the host read on stdin, rebuilt from the
+/// todo and goal (its result-schema text is the same for every turn); `host` and the validator
+/// hold the processes' stdout and stderr tails (the exit of each process stays in `compacted`);
+/// `result`, `validation` and `writeback` are in the run's row (its summary) and payload (result,
+/// validation, every verdict), and the evidence table; whether the delivery was validated and
+/// each verdict stay in `compacted`; `host_argv` is in the run's payload; `cwd` and
+/// `project_root` are the goal's project directory; the lease's `claim_key` and the spend's
+/// `effect_id` are the turn key (`turn:<key>`), kept in the claim's operation-log row and the
+/// ledger; `route_reason` is a sentence built from the todo's id, priority and title;
+/// `timings_us` is a profile of the live turn. Keys whose value is null go too, and
+/// `orphans_killed` when empty: the journal schema reads them as absent. Required keys keep
+/// their type, emptied, so the data reads as the same journal schema.
 pub const COMPACTED_KEYS: &[&str] = &[
     "request",
     "host",
-    "validation.validator",
-    "result.observations",
-    "result.proposals",
+    "result",
+    "validation",
     "writeback",
+    "host_argv",
+    "cwd",
+    "project_root",
+    "claim.claim_key",
+    "spend.effect_id",
+    "route_reason",
     "timings_us",
 ];
-
-/// A settled turn's journal `data` reduced to its summary (`loopx gc`): the result kind, phase
-/// and failure, summary and evidence, validation verdict, spend, lease and run id an audit needs,
-/// without [`COMPACTED_KEYS`]. What it keeps reads as the same journal schema (only optional or
-/// defaulted keys are removed), and a `compacted` key records how many bytes the full data had
-/// (the row's `compacted_at` says when), how the host and validator processes exited, and each admission verdict as
-/// `[index, transition, accepted]`. Data that is not a JSON object, or is already compacted,
-/// comes back unchanged.
-pub fn compact_journal_data(data: &serde_json::Value) -> serde_json::Value {
+/// A settled turn's journal `data` reduced to its summary (`loopx gc`): the result kind, phase and
+/// failure, spend, lease, fence, run id and times an audit needs, with [`COMPACTED_KEYS`] removed
+/// or emptied. A `compacted` key records how the host (unless it exited 0 on its own) and the
+/// validator processes exited, whether the delivery was validated, and each admission verdict as
+/// `[index, transition, accepted]` (the row's `compacted_at` says when). `turn_key` is the row's key: the claim key and effect id
+/// are emptied only when they are the ones derived from it. Data that is not a JSON object, or is
+/// already compacted, comes back unchanged.
+pub fn compact_journal_data(data: &serde_json::Value, turn_key: &str) -> serde_json::Value {
     use serde_json::{Map, Value, json};
     let Value::Object(full) = data else {
         return data.clone();
@@ -158,7 +166,6 @@ pub fn compact_journal_data(data: &serde_json::Value) -> serde_json::Value {
             "signal",
             "timed_out",
             "interrupted",
-            "elapsed_ms",
             "spawn_error",
         ]
         .iter()
@@ -170,10 +177,15 @@ pub fn compact_journal_data(data: &serde_json::Value) -> serde_json::Value {
         .collect();
         Value::Object(kept)
     };
-    let bytes_before = serde_json::to_vec(data).map(|v| v.len()).unwrap_or(0);
     let mut compacted = Map::new();
-    compacted.insert("bytes_before".into(), json!(bytes_before));
-    compacted.insert("host".into(), exit(full.get("host")));
+    // A host that exited 0 on its own (the common case) is left unsaid.
+    let host = exit(full.get("host"));
+    if !host.is_null() && host != json!({"exit_code": 0}) {
+        compacted.insert("host".into(), host);
+    }
+    let v = &full.get("validation").cloned().unwrap_or(Value::Null);
+    let validated = (v["ran"] == true && v["passed"] == true) || v["completion_validated"] == true;
+    compacted.insert("validated".into(), json!(validated));
     let validator = exit(full.get("validation").and_then(|v| v.get("validator")));
     if !validator.is_null() {
         compacted.insert("validator".into(), validator);
@@ -191,25 +203,45 @@ pub fn compact_journal_data(data: &serde_json::Value) -> serde_json::Value {
     }
     let mut out = full.clone();
     for key in COMPACTED_KEYS {
-        match key.split_once('.') {
-            None => {
+        // Required keys keep their type, emptied; the others go.
+        let emptied = match *key {
+            "request" => Some(Value::Null),
+            "host_argv" => Some(json!([])),
+            "cwd" | "project_root" | "route_reason" => Some(json!("")),
+            "claim.claim_key" => (full["claim"]["claim_key"] == turn_key).then(|| json!("")),
+            "spend.effect_id" => (full["spend"]["effect_id"]
+                == format!("turn:{turn_key}").as_str())
+            .then(|| json!("")),
+            _ => None,
+        };
+        let required = matches!(*key, "claim.claim_key" | "spend.effect_id");
+        match (key.split_once('.'), emptied) {
+            (None, Some(v)) => {
+                if out.contains_key(*key) {
+                    out.insert(key.to_string(), v);
+                }
+            }
+            (None, None) => {
                 out.remove(*key);
             }
-            Some((outer, inner)) => {
-                if let Some(Value::Object(o)) = out.get_mut(outer) {
-                    o.remove(inner);
+            (Some((outer, inner)), v) => {
+                if let Some(Value::Object(o)) = out.get_mut(outer)
+                    && o.contains_key(inner)
+                {
+                    match v {
+                        Some(v) => {
+                            o.insert(inner.to_string(), v);
+                        }
+                        None if !required => {
+                            o.remove(inner);
+                        }
+                        None => {}
+                    }
                 }
             }
         }
     }
-    out.retain(|_, v| !v.is_null());
-    // The one required key without a default: kept, empty.
-    out.insert("request".to_string(), Value::Null);
-    if let Some(Value::Object(v)) = out.get_mut("validation")
-        && v.contains_key("detail")
-    {
-        v.insert("detail".to_string(), Value::String(String::new()));
-    }
+    out.retain(|k, v| !v.is_null() || k == "request");
     if out.get("orphans_killed") == Some(&json!([])) {
         out.remove("orphans_killed");
     }

@@ -19,6 +19,7 @@ mod monitors;
 mod output_snapshots;
 mod parser_fuzz;
 mod registry_inspect;
+mod retention;
 mod sandbox_admission;
 mod sandbox_cli;
 mod sandbox_install;
