@@ -11,6 +11,7 @@
 // Exits 0 when every check passed; prints each check and the measured latency.
 
 import { spawn, spawnSync } from 'node:child_process';
+import { once } from 'node:events';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -76,8 +77,8 @@ function seed() {
   return { runId, turnKey: turn.turn.turn_key };
 }
 
-async function startServer() {
-  server = spawn(loopx, ['--root', project, 'serve', '--listen', '127.0.0.1:0'], {
+async function startServer(listen = '127.0.0.1:0') {
+  server = spawn(loopx, ['--root', project, 'serve', '--listen', listen], {
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   const lines = createInterface({ input: server.stdout });
@@ -210,6 +211,19 @@ async function main() {
   assert.ok(latency < LATENCY_LIMIT_MS, `latency ${latency} ms`);
   assert.deepEqual(navigations, [], 'the page was not reloaded');
   ok(`a claim from the CLI shows live in ${latency} ms without a reload`);
+
+  // A dropped connection: the server stops, a todo is added meanwhile, the server comes back on
+  // the same port; the page reconnects by itself and shows the change, still without a reload.
+  const listen = new URL(base).host;
+  server.kill();
+  await once(server, 'exit');
+  await page.waitForSelector('#live.off', { timeout: 10000 });
+  cli('todo', 'add', '--goal-id', 'g1', '--id', 't5', '--title', 'Added while the server was down');
+  await startServer(listen);
+  await page.waitForSelector('#live.on', { timeout: 20000 });
+  await page.waitForSelector('tr[data-todo="t5"]', { timeout: 20000 });
+  assert.deepEqual(navigations, [], 'the page was not reloaded');
+  ok('after the server restarts, the page reconnects by itself and shows what changed meanwhile');
 }
 
 try {
