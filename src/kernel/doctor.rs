@@ -109,6 +109,12 @@ pub fn check_database(paths: &ProjectPaths) -> DatabaseChecks {
                 Err(e) => record("database content", false, e.to_string(), &db),
             }
             let kernel = Kernel::from_store(paths.clone(), store);
+            if let Ok(goals) = kernel.goals() {
+                for goal in goals {
+                    let (ok, detail, path) = check_run_reports(paths, &goal.id);
+                    record(&format!("goal {} run reports", goal.id), ok, detail, &path);
+                }
+            }
             return DatabaseChecks {
                 checks,
                 io,
@@ -120,6 +126,54 @@ pub fn check_database(paths: &ProjectPaths) -> DatabaseChecks {
         checks,
         io,
         kernel: None,
+    }
+}
+
+/// Reads every run report file of a goal in both layouts (month folders `runs/<YYYY-MM>/`, and
+/// the flat `runs/` of projects written before them): each must parse. Months whose files
+/// `loopx gc` retired are counted; their reports are rendered from the database.
+fn check_run_reports(paths: &ProjectPaths, goal_id: &str) -> (bool, String, PathBuf) {
+    let runs = paths.runs_dir(goal_id);
+    let (mut sharded, mut flat, mut retired) = (0usize, 0usize, 0usize);
+    let mut bad: Vec<String> = Vec::new();
+    let mut first_bad = runs.clone();
+    let mut check = |path: &Path, in_month: bool| {
+        if path.extension().is_some_and(|x| x == "json") {
+            if in_month {
+                sharded += 1;
+            } else {
+                flat += 1;
+            }
+            if let Err(e) = super::projection::check_json_projection(path) {
+                if bad.is_empty() {
+                    first_bad = path.to_path_buf();
+                }
+                bad.push(e.to_string());
+            }
+        }
+    };
+    let Ok(entries) = std::fs::read_dir(&runs) else {
+        return (true, "no run reports".to_string(), runs);
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            for inner in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                check(&inner.path(), true);
+            }
+        } else if path.extension().is_some_and(|x| x == "retired") {
+            retired += 1;
+        } else {
+            check(&path, false);
+        }
+    }
+    let summary = format!(
+        "{sharded} in month folders, {flat} in the flat layout, {retired} month(s) retired by gc"
+    );
+    if bad.is_empty() {
+        (true, summary, runs)
+    } else {
+        (false, format!("{summary}; {}", bad.join("; ")), first_bad)
     }
 }
 

@@ -405,6 +405,29 @@ fn new_run_reports_are_sharded_by_month_and_flat_ones_stay_readable() {
             .ends_with(&format!("runs/{run_id}.json")),
         "{shown}"
     );
+    // `doctor` reads both layouts, and reports a report that does not parse.
+    let doctor = p.json(&["doctor"]);
+    let detail = doctor["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "goal g run reports")
+        .unwrap_or_else(|| panic!("{doctor}"))["detail"]
+        .clone();
+    assert_eq!(
+        detail,
+        "1 in month folders, 1 in the flat layout, 0 month(s) retired by gc"
+    );
+    let bad = runs.join("01M8TE60TWR7N03SDJ0434C1TA.json");
+    std::fs::write(&bad, b"{ not json").unwrap();
+    let broken = p.run(&["doctor"]);
+    assert_eq!(broken.code, 5, "{}", broken.stderr);
+    assert!(
+        broken.stderr.contains("01M8TE60TWR7N03SDJ0434C1TA.json"),
+        "{}",
+        broken.stderr
+    );
+    std::fs::remove_file(&bad).unwrap();
     // `refresh-state` re-creates only what is missing: the flat report counts as present.
     p.ok(&["refresh-state"]);
     assert!(!month.join(format!("{run_id}.json")).exists());
