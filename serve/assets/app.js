@@ -321,8 +321,10 @@ async function runPage(goalId, runId) {
   ];
 }
 
-// A turn that is still in progress after this long is highlighted as stuck.
-const STUCK_MS = 10 * 60e3;
+// A turn in progress is stuck once no phase has committed for twice its host's timeout plus 5 s
+// (its driver would have stopped the host and moved on by then: the driver is gone or hung), or
+// for 10 minutes when the journal holds no timeout.
+const STUCK_FALLBACK_MS = 10 * 60e3;
 
 function when(v) {
   if (typeof v === 'number') return new Date(v).toISOString();
@@ -332,7 +334,9 @@ function when(v) {
 function isStuck(t) {
   if (t.status !== 'in_progress') return false;
   const updated = typeof t.updated_at === 'number' ? t.updated_at : Date.parse(t.updated_at);
-  return Number.isNaN(updated) || Date.now() - updated > STUCK_MS;
+  const timeout = t.data && typeof t.data.timeout_ms === 'number' ? t.data.timeout_ms : null;
+  const limit = timeout === null ? STUCK_FALLBACK_MS : 2 * timeout + 5000;
+  return Number.isNaN(updated) || Date.now() - updated > limit;
 }
 
 async function turnsPage(params) {
@@ -349,7 +353,7 @@ async function turnsPage(params) {
   ], isStuck(turn) ? { class: 'stuck' } : {}));
   return [
     el('h1', {}, 'Turn journal'),
-    el('p', { class: 'muted' }, 'Newest first; a turn in progress with no phase committed for 10 minutes is highlighted as stuck.'),
+    el('p', { class: 'muted' }, 'Newest first; a turn in progress with no phase committed for twice its host timeout (plus 5 s) is highlighted as stuck.'),
     table(['turn', 'goal', 'todo', 'agent', 'status', 'phases', 'updated'], rows),
   ];
 }

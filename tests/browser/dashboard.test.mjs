@@ -74,7 +74,26 @@ function seed() {
   const turn = JSON.parse(cli('--format', 'json', 'turn', 'run', '--goal-id', 'g1', '--agent-id', 'erin',
     '--todo-id', 't4', '--isolation', 'off', '--trust-host-completion', '--', '/bin/echo', result));
   assert.ok(turn.turn && turn.turn.turn_key, 'the turn ran');
-  return { runId, turnKey: turn.turn.turn_key };
+  return { runId, turnKey: turn.turn.turn_key, stuckKey: stuckTurn() };
+}
+
+// A turn whose driver died mid-host (SIGKILL): its journal row stays in progress. Returns its key.
+function stuckTurn() {
+  cli('todo', 'add', '--goal-id', 'g1', '--id', 't6', '--title', 'Its driver was killed');
+  const driver = spawn(loopx, ['--root', project, 'turn', 'run', '--goal-id', 'g1', '--agent-id',
+    'frank', '--todo-id', 't6', '--isolation', 'off', '--timeout-seconds', '1', '--', '/bin/sleep', '3'],
+  { stdio: 'ignore' });
+  for (let i = 0; i < 200; i++) {
+    const list = JSON.parse(cli('--format', 'json', 'turn', 'list', '--status', 'in_progress'));
+    const mine = list.turns.find(t => t.agent_id === 'frank');
+    if (mine) {
+      driver.kill('SIGKILL');
+      return mine.turn_key;
+    }
+    spawnSync('sleep', ['0.05']);
+  }
+  driver.kill('SIGKILL');
+  throw new Error('the turn never showed in the journal');
 }
 
 async function startServer(listen = '127.0.0.1:0') {
@@ -96,7 +115,8 @@ function ok(name) {
 }
 
 async function main() {
-  const { runId, turnKey } = seed();
+  const { runId, turnKey, stuckKey } = seed();
+  const stuckSince = Date.now();
   const base = await startServer();
   ok(`loopx serve listens at ${base}`);
 
@@ -174,6 +194,15 @@ async function main() {
   assert.ok(text.includes('Phases') && text.includes('committed'), 'the turn page shows its phases');
   assert.ok(await page.locator('main table tbody tr').count() > 1, 'one row per committed phase');
   ok('turn journal lists the turn; its permalink shows the phases');
+
+  // The killed driver's turn is highlighted once it is past twice its 1 s timeout plus 5 s.
+  await new Promise(r => setTimeout(r, Math.max(0, stuckSince + 7500 - Date.now())));
+  await open('#/turns');
+  assert.equal(await page.locator(`tr.stuck a[href="#/turns/${stuckKey}"]`).count(), 1,
+    'the turn whose driver died is highlighted as stuck');
+  assert.equal(await page.locator(`tr.stuck a[href="#/turns/${turnKey}"]`).count(), 0,
+    'a committed turn is not');
+  ok('a turn whose driver was killed is highlighted as stuck');
 
   for (const [hash, want] of [['#/goals', 'A quiet second goal'], ['#/turns', 'Turn journal'],
     ['#/extensions', 'Extensions'], ['#/goals/g1/todos/gate1', 'loopx gate resolve']]) {
