@@ -1,8 +1,10 @@
 //! Compute quota (layer 6): policy per goal and a spend/void ledger keyed by effect id.
 //!
-//! Spent slots are always derived from the ledger over the rolling window, never stored as a
-//! counter, so a retried spend (same effect id) cannot count twice: the insert is a no-op on the
-//! primary key and the command reports an idempotent replay.
+//! Spent slots are derived from the ledger over the rolling window, so a retried spend (same effect
+//! id) cannot count twice: the insert is a no-op on the primary key and the command reports an
+//! idempotent replay. The store keeps the window's net as an aggregate written in the same
+//! transaction as each ledger row ([`move_window`]), so checking the quota costs the same after a
+//! million spends as after ten.
 
 use std::ops::RangeInclusive;
 
@@ -155,6 +157,19 @@ pub(crate) fn view_in_tx(
     Ok(QuotaView::new(&policy, spent, agent_spent, reserved))
 }
 
+/// Moves the store's count of the goal's window (and `agent_id`'s) up to the window's start at
+/// `now`, inside a write that is about to read it: the rows that left the window since the last
+/// move are taken off once, here, instead of by every later read.
+pub(crate) fn move_window(
+    tx: &dyn crate::kernel::store::StoreTx,
+    goal_id: &str,
+    agent_id: Option<&str>,
+    now: i64,
+) -> Result<()> {
+    let policy = tx.quota_policy(goal_id)?.unwrap_or_default();
+    tx.move_quota_window(goal_id, agent_id, now - policy.window_ms())
+}
+
 fn check_effect_id(effect_id: &str) -> Result<()> {
     let ok = !effect_id.is_empty()
         && effect_id.len() <= 200
@@ -212,6 +227,7 @@ pub(crate) fn spend_in_tx(
             (format!("run:{}", run.id), Some(run.id))
         }
     };
+    move_window(tx, &req.goal_id, req.agent_id.as_deref(), now)?;
     let before = view_in_tx(tx, &req.goal_id, req.agent_id.as_deref(), now)?;
     if let Some(existing) = tx.ledger_entry(&effect_id)? {
         if existing.goal_id != req.goal_id {
@@ -306,7 +322,7 @@ impl Kernel {
                 )));
             }
         }
-        self.write(|tx| {
+        let view = self.write(|tx| {
             require_goal(tx, goal_id)?;
             let mut p = tx.quota_policy(goal_id)?.unwrap_or_default();
             if let Some(v) = patch.compute {
@@ -331,15 +347,23 @@ impl Kernel {
                 p.per_agent_cap = Some(v);
             }
             tx.set_quota_policy(goal_id, &p)?;
+            move_window(tx, goal_id, None, now_ms())?;
             log_op(tx, Some(goal_id), actor, "quota_set", json!(p))?;
             view_in_tx(tx, goal_id, None, now_ms())
-        })
+        })?;
+        self.reproject_quota(goal_id);
+        Ok(view)
     }
 
-    /// Records compute spent, once per effect id.
+    /// Records compute spent, once per effect id, and rewrites the goal's projections (their
+    /// quota section shows the spend) after the commit, like every write they show.
     pub fn spend(&mut self, actor: &Actor, req: &SpendRequest) -> Result<SpendReceipt> {
         check_spend_request(req)?;
-        self.write(|tx| spend_in_tx(tx, actor, req, now_ms()))
+        let receipt = self.write(|tx| spend_in_tx(tx, actor, req, now_ms()))?;
+        if !receipt.idempotent_replay {
+            self.reproject_quota(&req.goal_id);
+        }
+        Ok(receipt)
     }
 
     /// Cancels an earlier spend (operators only). Idempotent per voided effect id.
@@ -351,7 +375,7 @@ impl Kernel {
     ) -> Result<SpendReceipt> {
         actor.require_operator("void a quota spend")?;
         check_effect_id(effect_id)?;
-        self.write(|tx| {
+        let receipt = self.write(|tx| {
             require_goal(tx, goal_id)?;
             let now = now_ms();
             let spend = tx
@@ -398,7 +422,18 @@ impl Kernel {
                 before,
                 after,
             })
-        })
+        })?;
+        if !receipt.idempotent_replay {
+            self.reproject_quota(goal_id);
+        }
+        Ok(receipt)
+    }
+
+    /// Rewrites the goal's projections after a committed quota change: their quota section
+    /// shows it, like every other write they show.
+    fn reproject_quota(&mut self, goal_id: &str) {
+        let files = self.write_goal_projection(goal_id);
+        self.after_commit("writing the goal's state files", files);
     }
 }
 

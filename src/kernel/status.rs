@@ -91,6 +91,14 @@ fn item(
     }
 }
 
+/// Every status a todo can still leave.
+const NOT_TERMINAL: [TodoStatus; 4] = [
+    TodoStatus::Open,
+    TodoStatus::Claimed,
+    TodoStatus::Blocked,
+    TodoStatus::Deferred,
+];
+
 fn goal_status(
     tx: &dyn StoreRead,
     goal: Goal,
@@ -171,11 +179,7 @@ fn goal_status(
             role == Role::Agent.as_str() && status == TodoStatus::Blocked.as_str() && *n > 0
         }) {
             // A blocked todo waits for a person: an agent reported it cannot proceed.
-            for t in tx
-                .todos(&gid)?
-                .iter()
-                .filter(|t| t.status == TodoStatus::Blocked)
-            {
+            for t in &tx.todos_in_status(&gid, Role::Agent, &[TodoStatus::Blocked], usize::MAX)? {
                 queue.push(item(
                     &gid,
                     Who::Operator,
@@ -224,9 +228,9 @@ fn goal_status(
     let top_agent_todo = match ready.into_iter().next() {
         Some(t) => Some(t),
         None => tx
-            .todos(&gid)?
+            .todos_in_status(&gid, Role::Agent, &NOT_TERMINAL, 1)?
             .into_iter()
-            .find(|t| t.role == Role::Agent && !t.status.is_terminal()),
+            .next(),
     };
     Ok(GoalStatusView {
         first_user_todo: user.into_iter().next(),

@@ -38,6 +38,10 @@ pub(crate) fn run_all(fresh: Fresh<'_>) {
         ),
         ("quota window", quota_window_sums_at_its_boundaries),
         (
+            "quota window kept as it moves",
+            quota_window_equals_the_ledger_as_it_moves,
+        ),
+        (
             "reserved slots",
             unsettled_turns_reserve_slots_until_their_spend,
         ),
@@ -294,6 +298,84 @@ pub(crate) fn quota_window_sums_at_its_boundaries(open: Factory<'_>) {
             "a void frees no slot"
         );
     });
+}
+
+/// However the store keeps the window's count, it equals the sum of the ledger rows at or after
+/// the window's start: after spends (some with no agent), voids dated at the spend they cancel,
+/// windows moved forward and back (a policy change) between writes, and reads asking for starts
+/// on, before and after the last move and on every row's own millisecond.
+pub(crate) fn quota_window_equals_the_ledger_as_it_moves(open: Factory<'_>) {
+    let mut store = open();
+    write(&mut *store, |tx| tx.insert_goal(&goal("g")).unwrap());
+    let mut rows: Vec<LedgerEntry> = Vec::new();
+    // A fixed linear congruential sequence: the same steps on every run and every backend.
+    let mut seed: u64 = 0x5EED;
+    let mut next = |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    let agents = ["a1", "a2", "a3"];
+    let expected = |rows: &[LedgerEntry], since: i64, agent: Option<&str>| -> i64 {
+        rows.iter()
+            .filter(|e| e.created_at >= since)
+            .filter(|e| agent.is_none_or(|a| e.agent_id.as_deref() == Some(a)))
+            .map(|e| e.slots)
+            .sum()
+    };
+    let mut clock = 1_000_i64;
+    for step in 0..300 {
+        clock += next(40) as i64;
+        let since = clock - 200 + next(150) as i64 - 75;
+        write(&mut *store, |tx| {
+            let agent = agents[next(3) as usize];
+            let spends: Vec<&LedgerEntry> = rows
+                .iter()
+                .filter(|e| e.kind == LedgerKind::Spend)
+                .collect();
+            let entry = if next(5) == 0 && !spends.is_empty() {
+                let spend = spends[next(spends.len() as u64) as usize];
+                let mut void = ledger(
+                    &format!("void:{}", spend.effect_id),
+                    "a1",
+                    -spend.slots,
+                    spend.created_at,
+                );
+                void.agent_id = spend.agent_id.clone();
+                void
+            } else {
+                let mut spend = ledger(
+                    &format!("e{step}"),
+                    agent,
+                    1 + next(3) as i64,
+                    clock - next(3) as i64,
+                );
+                if next(7) == 0 {
+                    spend.agent_id = None;
+                }
+                spend
+            };
+            tx.move_quota_window("g", entry.agent_id.as_deref(), since)
+                .unwrap();
+            if tx.insert_ledger(&entry).unwrap() {
+                rows.push(entry);
+            }
+        });
+        read(&*store, |tx| {
+            let mut starts = vec![since, since - 1, since + 1, clock - 200, 0, clock + 1];
+            starts.extend(rows.iter().rev().take(3).map(|e| e.created_at));
+            for at in starts {
+                for agent in [None, Some("a1"), Some("a2"), Some("a3"), Some("nobody")] {
+                    assert_eq!(
+                        tx.spent_since("g", at, agent).unwrap(),
+                        expected(&rows, at, agent),
+                        "step {step}: window from {at} for {agent:?}"
+                    );
+                }
+            }
+        });
+    }
 }
 
 /// An unsettled turn holds a slot until it records its spend phase; settled turns and other

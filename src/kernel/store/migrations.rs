@@ -8,6 +8,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (3, V3),
     (4, V4),
     (5, V5),
+    (6, V6),
     (7, V7),
     (8, V8),
 ];
@@ -207,6 +208,63 @@ CREATE TABLE component_artifacts (
 "#;
 
 /// Scheduled monitors and deferred todos' resume times, in tables of their own keyed by goal and
+
+/// The quota window's spend count kept as an aggregate, so checking it reads one row instead of
+/// every ledger row in the window. One row per goal (`agent_key` '') and per agent that spent in
+/// it: `live_slots` is the net of the key's ledger rows dated at or after `since`. A new ledger row
+/// is added in the transaction that writes it (when dated at or after `since`); a spend moves the
+/// goal's and its agent's `since` up to the current window's start, taking off the rows that left
+/// the window since the last spend; a read asking for another start adds or takes off the rows
+/// between the two, found by the indexes below, so its cost is bounded by the rows that entered or
+/// left the window since the last spend, never by the ledger's length. Rows older than every
+/// `since` are never read again. Existing ledgers start at their oldest row, exact at once; the
+/// first spend moves them.
+///
+/// Beside it, each goal's todo count per (role, status), kept by triggers on `todos` (any writer,
+/// a future prune included, keeps it right), so the tick's and `status`'s counts read a few rows
+/// instead of walking every todo the goal ever had.
+const V6: &str = r#"
+CREATE TABLE quota_window (
+    goal_id TEXT NOT NULL,
+    agent_key TEXT NOT NULL,
+    live_slots INTEGER NOT NULL,
+    since INTEGER NOT NULL,
+    PRIMARY KEY (goal_id, agent_key)
+) WITHOUT ROWID;
+INSERT INTO quota_window (goal_id, agent_key, live_slots, since)
+    SELECT goal_id, '', SUM(slots), MIN(created_at) FROM quota_ledger GROUP BY goal_id;
+INSERT INTO quota_window (goal_id, agent_key, live_slots, since)
+    SELECT goal_id, agent_id, SUM(slots), MIN(created_at) FROM quota_ledger
+    WHERE agent_id IS NOT NULL GROUP BY goal_id, agent_id;
+DROP INDEX ledger_by_time;
+CREATE INDEX ledger_by_time ON quota_ledger(goal_id, created_at, kind, slots);
+CREATE INDEX ledger_by_agent_time ON quota_ledger(goal_id, agent_id, created_at, slots);
+
+CREATE TABLE todo_counts (
+    goal_id TEXT NOT NULL,
+    role TEXT NOT NULL,
+    status TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    PRIMARY KEY (goal_id, role, status)
+) WITHOUT ROWID;
+INSERT INTO todo_counts (goal_id, role, status, n)
+    SELECT goal_id, role, status, COUNT(*) FROM todos GROUP BY goal_id, role, status;
+CREATE TRIGGER todo_counts_insert AFTER INSERT ON todos BEGIN
+    INSERT INTO todo_counts (goal_id, role, status, n) VALUES (NEW.goal_id, NEW.role, NEW.status, 1)
+        ON CONFLICT (goal_id, role, status) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER todo_counts_update AFTER UPDATE OF goal_id, role, status ON todos
+WHEN OLD.goal_id IS NOT NEW.goal_id OR OLD.role IS NOT NEW.role OR OLD.status IS NOT NEW.status BEGIN
+    UPDATE todo_counts SET n = n - 1
+        WHERE goal_id = OLD.goal_id AND role = OLD.role AND status = OLD.status;
+    INSERT INTO todo_counts (goal_id, role, status, n) VALUES (NEW.goal_id, NEW.role, NEW.status, 1)
+        ON CONFLICT (goal_id, role, status) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER todo_counts_delete AFTER DELETE ON todos BEGIN
+    UPDATE todo_counts SET n = n - 1
+        WHERE goal_id = OLD.goal_id AND role = OLD.role AND status = OLD.status;
+END;
+"#;
 
 /// Retention (docs/operator-guide.md, "Retention"): the operator's policy, one row (none means the
 /// defaults); the time a settled turn's journal was compacted to its summary and a run's payload

@@ -181,6 +181,15 @@ pub trait StoreRead: MonitorRead {
     fn claimed_by(&self, goal_id: &str, agent_id: &str, now: i64) -> Result<Option<Todo>>;
     /// Open `user_gate`/`user_action` todos of a goal.
     fn open_user_todos(&self, goal_id: &str) -> Result<Vec<Todo>>;
+    /// A goal's todos of `role` in one of `statuses`, in listing order, at most `limit`: bounded
+    /// by the todos in those statuses, never by the goal's completed history.
+    fn todos_in_status(
+        &self,
+        goal_id: &str,
+        role: Role,
+        statuses: &[TodoStatus],
+        limit: usize,
+    ) -> Result<Vec<Todo>>;
     /// Counts of a goal's todos per (role, status).
     fn todo_status_counts(&self, goal_id: &str) -> Result<Vec<(String, String, i64)>>;
     /// Capabilities named by non-terminal todos of a goal.
@@ -274,6 +283,10 @@ pub trait StoreTx: StoreRead + MonitorTx {
     fn set_quota_policy(&self, goal_id: &str, policy: &QuotaPolicy) -> Result<()>;
     /// Inserts a ledger row; returns false (and writes nothing) when the effect id exists.
     fn insert_ledger(&self, entry: &LedgerEntry) -> Result<bool>;
+    /// Tells the store that the goal's quota window now starts at `since`, so it can keep the
+    /// window's count for the goal and for `agent_id` without reading rows that left it. A hint
+    /// for speed: [`StoreRead::spent_since`] answers exactly for any `since` either way.
+    fn move_quota_window(&self, goal_id: &str, agent_id: Option<&str>, since: i64) -> Result<()>;
 
     // Operation log.
     fn append_op(&self, op: &OpRecord) -> Result<()>;

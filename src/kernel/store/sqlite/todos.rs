@@ -307,9 +307,36 @@ impl Db<'_> {
         )
     }
 
+    pub(super) fn todos_in_status(
+        &self,
+        goal_id: &str,
+        role: Role,
+        statuses: &[TodoStatus],
+        limit: usize,
+    ) -> Result<Vec<Todo>> {
+        // The statuses are the enum's own spellings, never outside text.
+        let list = statuses
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.todos_by_selected_ids(
+            goal_id,
+            &format!(
+                "SELECT id FROM todos INDEXED BY todos_by_role_status \
+                 WHERE goal_id = ?1 AND role = ?2 AND status IN ({list}) ORDER BY priority, seq LIMIT ?3"
+            ),
+            params![goal_id, role.as_str(), limit],
+            "listing todos by status",
+        )
+    }
+
     pub(super) fn todo_status_counts(&self, goal_id: &str) -> Result<Vec<(String, String, i64)>> {
+        // Kept by triggers on `todos` (V6 in `migrations.rs`), so counting costs the same at
+        // 100,000 completed todos as at none.
         self.query_all(
-            "SELECT role, status, COUNT(*) FROM todos WHERE goal_id = ?1 GROUP BY role, status",
+            "SELECT role, status, n FROM todo_counts WHERE goal_id = ?1 AND n > 0 ORDER BY role, status",
             [goal_id],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             "counting todos",
@@ -324,5 +351,116 @@ impl Db<'_> {
             |r| r.get(0),
             "listing capability bindings",
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::store::Store;
+    use crate::model::Priority;
+
+    fn todo(id: &str, role: Role, status: TodoStatus) -> Todo {
+        Todo {
+            id: id.into(),
+            goal_id: "g".into(),
+            role,
+            kind: TodoKind::Task,
+            title: id.into(),
+            detail: String::new(),
+            priority: Priority::P2,
+            status,
+            depends_on: Vec::new(),
+            capability: None,
+            lane: None,
+            gate_scope: None,
+            claim: None,
+            last_fence: 0,
+            status_reason: None,
+            created_at: 1,
+            updated_at: 1,
+        }
+    }
+
+    /// The counts the triggers keep equal a count of the rows after inserts, status changes,
+    /// writes that leave the status alone, and a delete behind the kernel's back; the listing by
+    /// status walks only the statuses asked for, in listing order.
+    #[test]
+    fn kept_counts_equal_counting_the_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+        let tx = store.begin_write().unwrap();
+        tx.insert_goal(&Goal {
+            id: "g".into(),
+            title: "G".into(),
+            objective: "o".into(),
+            success_criteria: Vec::new(),
+            status: GoalStatus::Active,
+            project_dir: None,
+            next_probe: None,
+            created_at: 1,
+            updated_at: 1,
+        })
+        .unwrap();
+        let statuses = [
+            TodoStatus::Open,
+            TodoStatus::Claimed,
+            TodoStatus::Blocked,
+            TodoStatus::Completed,
+        ];
+        for i in 0..40 {
+            let role = if i % 5 == 0 { Role::User } else { Role::Agent };
+            tx.insert_todo(&todo(&format!("t{i}"), role, TodoStatus::Open))
+                .unwrap();
+        }
+        for i in 0..40 {
+            let mut t = tx.todo("g", &format!("t{i}")).unwrap().unwrap();
+            t.status = statuses[i % statuses.len()];
+            t.title = format!("renamed {i}");
+            tx.update_todo(&t).unwrap();
+            if i % 3 == 0 {
+                t.detail = "a write that keeps the status".into();
+                tx.update_todo(&t).unwrap();
+            }
+        }
+        tx.commit().unwrap();
+        store
+            .conn
+            .execute("DELETE FROM todos WHERE goal_id = 'g' AND id = 't7'", [])
+            .unwrap();
+        let db = Db::new(&store.conn, &store.path);
+        let counted: Vec<(String, String, i64)> = db
+            .query_all(
+                "SELECT role, status, COUNT(*) FROM todos WHERE goal_id = 'g' \
+                 GROUP BY role, status ORDER BY role, status",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                "counting",
+            )
+            .unwrap();
+        assert_eq!(db.todo_status_counts("g").unwrap(), counted);
+        assert!(counted.iter().any(|(_, s, _)| s == "completed"));
+        let blocked = db
+            .todos_in_status("g", Role::Agent, &[TodoStatus::Blocked], usize::MAX)
+            .unwrap();
+        assert!(!blocked.is_empty());
+        assert!(
+            blocked
+                .iter()
+                .all(|t| t.status == TodoStatus::Blocked && t.role == Role::Agent)
+        );
+        let first = db
+            .todos_in_status(
+                "g",
+                Role::Agent,
+                &[TodoStatus::Open, TodoStatus::Claimed],
+                1,
+            )
+            .unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(
+            first[0].id, "t1",
+            "listing order: same priority, first created"
+        );
     }
 }

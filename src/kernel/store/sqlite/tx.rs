@@ -220,6 +220,16 @@ impl<M: Mode> StoreRead for SqliteTx<'_, M> {
         self.db.open_user_todos(goal_id)
     }
 
+    fn todos_in_status(
+        &self,
+        goal_id: &str,
+        role: Role,
+        statuses: &[TodoStatus],
+        limit: usize,
+    ) -> Result<Vec<Todo>> {
+        self.db.todos_in_status(goal_id, role, statuses, limit)
+    }
+
     fn todo_status_counts(&self, goal_id: &str) -> Result<Vec<(String, String, i64)>> {
         self.db.todo_status_counts(goal_id)
     }
@@ -390,6 +400,10 @@ impl StoreTx for SqliteTx<'_, Write> {
 
     fn insert_ledger(&self, e: &LedgerEntry) -> Result<bool> {
         self.db.insert_ledger(e)
+    }
+
+    fn move_quota_window(&self, goal_id: &str, agent_id: Option<&str>, since: i64) -> Result<()> {
+        self.db.move_quota_window(goal_id, agent_id, since)
     }
 
     fn append_op(&self, op: &OpRecord) -> Result<()> {
