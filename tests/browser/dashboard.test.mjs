@@ -12,7 +12,7 @@
 
 import { spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -74,7 +74,21 @@ function seed() {
   const turn = JSON.parse(cli('--format', 'json', 'turn', 'run', '--goal-id', 'g1', '--agent-id', 'erin',
     '--todo-id', 't4', '--isolation', 'off', '--trust-host-completion', '--', '/bin/echo', result));
   assert.ok(turn.turn && turn.turn.turn_key, 'the turn ran');
+  installExtension();
   return { runId, turnKey: turn.turn.turn_key, stuckKey: stuckTurn() };
+}
+
+// The first-party provider fs-observe, installed with a grant (built first if it is not).
+function installExtension() {
+  const component = join(repo, 'target/wasm32-wasip2/release/fs_observe.wasm');
+  if (!existsSync(component)) {
+    const built = spawnSync('cargo', ['build', '--release', '--target', 'wasm32-wasip2', '-p', 'fs-observe'],
+      { cwd: repo, stdio: 'inherit' });
+    if (built.status !== 0) throw new Error('building fs-observe failed (rustup target add wasm32-wasip2)');
+  }
+  const workspace = join(project, 'workspace');
+  mkdirSync(workspace, { recursive: true });
+  cli('extension', 'install', join(repo, 'extensions/fs-observe'), '--grant', `fs.read:workspace=${workspace}`);
 }
 
 // A turn whose driver died mid-host (SIGKILL): its journal row stays in progress. Returns its key.
@@ -203,6 +217,15 @@ async function main() {
   assert.equal(await page.locator(`tr.stuck a[href="#/turns/${turnKey}"]`).count(), 0,
     'a committed turn is not');
   ok('a turn whose driver was killed is highlighted as stuck');
+
+  await open('#/extensions');
+  await follow('main a[href="#/extensions/fs-observe"]');
+  text = await bodyText();
+  for (const want of ['fs-observe/fs', 'deadline_ms', '3000', 'fs.read:workspace']) {
+    assert.ok(text.includes(want), `the extension page shows ${want}`);
+  }
+  assert.match(text, /[0-9a-f]{64}/, 'the component digest is shown');
+  ok('extension page: components with digests and limits, grants, revisions');
 
   for (const [hash, want] of [['#/goals', 'A quiet second goal'], ['#/turns', 'Turn journal'],
     ['#/extensions', 'Extensions'], ['#/goals/g1/todos/gate1', 'loopx gate resolve']]) {
