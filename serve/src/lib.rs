@@ -565,12 +565,11 @@ async fn events(State(s): State<Shared>) -> Response {
 }
 
 /// Reads the token given by `--token` or the first line of `--token-file`.
-pub fn load_token(token: Option<String>, file: Option<PathBuf>) -> anyhow::Result<Option<String>> {
+pub fn load_token(token: Option<String>, file: Option<PathBuf>) -> std::io::Result<Option<String>> {
     match (token, file) {
         (Some(t), _) => Ok(Some(t)),
         (None, Some(f)) => {
-            let text = std::fs::read_to_string(&f)
-                .map_err(|e| anyhow::anyhow!("reading the token file {}: {e}", f.display()))?;
+            let text = std::fs::read_to_string(&f)?;
             Ok(Some(
                 text.lines().next().unwrap_or_default().trim().to_string(),
             ))

@@ -51,7 +51,23 @@ fn serve(args: Args) -> Result<(), (u8, String)> {
             ),
         )
     })?;
-    let token = load_token(args.token, args.token_file).map_err(|e| (2, e.to_string()))?;
+    let file = args.token_file.clone();
+    let token = load_token(args.token, args.token_file).map_err(|e| {
+        let path = file
+            .as_deref()
+            .unwrap_or(std::path::Path::new(""))
+            .display();
+        // Exit codes as `loopx` uses them: 3 for a file that is not there, 6 for one unreadable.
+        let code = if e.kind() == std::io::ErrorKind::NotFound {
+            3
+        } else {
+            6
+        };
+        (
+            code,
+            format!("reading the token file {path}: {e}; pass an existing file with --token-file"),
+        )
+    })?;
     check_config(listen, token.as_deref()).map_err(|e| (2, e.to_string()))?;
     let cwd =
         std::env::current_dir().map_err(|e| (6, format!("reading the working directory: {e}")))?;

@@ -83,6 +83,15 @@ fn a_non_loopback_address_without_a_token_is_refused_with_exit_2() {
     let out = Command::new(server_bin())
         .arg("--root")
         .arg(dir.path())
+        .args(["--listen", "0.0.0.0:0", "--token-file"])
+        .arg(dir.path().join("no-such-token"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-token"));
+    let out = Command::new(server_bin())
+        .arg("--root")
+        .arg(dir.path())
         .args(["--listen", "nonsense"])
         .output()
         .unwrap();
