@@ -170,6 +170,19 @@ mod tests {
             &["quota", "spend-slot", "--goal-id=g"],
             &["refresh-state"],
             &["init"],
+            &["todo", "claim", "--goal-id=g"],
+            &[
+                "gate",
+                "resolve",
+                "--goal-id=g",
+                "--todo-id=t",
+                "--comment=x",
+            ],
+            &["reward", "add", "--goal-id=g", "--run-id=r", "--score=1"],
+            &["turn", "recover"],
+            &["extension", "remove", "x"],
+            &["backup", "copy.db"],
+            &["serve"],
         ] {
             let err = api_read(&paths, &args(argv)).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{argv:?}: {err}");
