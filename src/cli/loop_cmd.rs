@@ -170,8 +170,18 @@ fn heartbeat(ctx: &Context, args: LoopArgs) -> Result<Output> {
     install_stop_handlers();
     let host = crate::plugin::registry::PluginHost::for_project(kernel.paths());
     let mut probe = |k: &mut crate::kernel::Kernel, spec: &ProbeSpec| call_probe(&host, k, spec);
+    if !req.once {
+        ctx.progress(&format!(
+            "loop --watch on {}: runs due checks and ready work, and between them waits for a \
+             commit or the next due time (Ctrl-C stops)",
+            req.turn.goal_id
+        ));
+    }
+    let quiet = ctx.verbosity == super::Verbosity::Quiet;
     let report = run_heartbeat(&mut kernel, &req, &mut probe, |line| {
-        let _ = writeln!(std::io::stderr().lock(), "{line}");
+        if !quiet {
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+        }
     })?;
     let rows = report
         .checks

@@ -531,6 +531,9 @@ fn argument_error_text(
     if json_requested(args) {
         let message = match flags::value_error_parts(e) {
             Some((flag, Some(value), reason)) => format!("{flag} '{value}' {reason}"),
+            _ if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                missing_command_message(&text)
+            }
             _ => argument_error_message(&text),
         };
         error_text(&crate::error::bad_input(message), Format::Json)
@@ -558,6 +561,27 @@ fn json_requested(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
         previous_was_format = arg == "--format";
     }
     false
+}
+
+/// A group run without its command (`loopx todo`), for which clap prints the group's help: the
+/// message names the commands it has and the usage line, not the whole page.
+fn missing_command_message(help: &str) -> String {
+    let usage = help
+        .lines()
+        .find_map(|l| l.strip_prefix("Usage: "))
+        .unwrap_or("loopx <COMMAND>");
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| l.trim() != "Commands:")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .collect();
+    format!(
+        "a command is required: {}; usage: {usage}",
+        commands.join(", ")
+    )
 }
 
 /// clap's rendered error as one message: the error line without its `error: ` prefix, then its

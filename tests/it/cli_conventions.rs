@@ -265,6 +265,17 @@ fn argument_errors_speak_json_when_asked() {
             run.stderr
         );
     }
+    // A group without its command names the commands, not the whole help page.
+    let group = p.run(&["--format", "json", "todo"]).json();
+    let message = group["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("a command is required: add, list, show, claim"),
+        "{message}"
+    );
+    assert!(
+        message.ends_with("usage: loopx todo [OPTIONS] <COMMAND>"),
+        "{message}"
+    );
     // The envelope names what was wrong.
     let unknown = p.run(&[
         "--format",
@@ -693,6 +704,12 @@ fn quiet_verbose_and_progress() {
         let quiet = format!("{bin} -q loop --goal-id g --until-idle --isolation off -- true");
         let (_, screen) = on_a_terminal(&p, &quiet).unwrap();
         assert!(!screen.contains("loop on g"), "{screen}");
+        let watch = format!(
+            "timeout --preserve-status -s TERM 1 {bin} loop --goal-id g --watch --isolation off -- true"
+        );
+        let (code, screen) = on_a_terminal(&p, &watch).unwrap();
+        assert_eq!(code, 0, "{screen}");
+        assert!(screen.contains("loopx: loop --watch on g: "), "{screen}");
     }
 }
 
@@ -823,7 +840,10 @@ fn watch_redraws_on_every_commit() {
     );
     if let Some((code, screen)) = on_a_terminal(&p, &line) {
         assert_eq!(code, 0, "{screen}");
-        assert!(screen.starts_with("\x1b[H\x1b[2JAttention queue"), "{screen:?}");
+        assert!(
+            screen.starts_with("\x1b[H\x1b[2JAttention queue"),
+            "{screen:?}"
+        );
         assert!(!screen.contains("--- "), "{screen}");
     }
 }
