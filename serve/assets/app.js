@@ -220,8 +220,10 @@ function quotaSection(q) {
   const top = Math.max(v.allowed_slots || 0, v.spent_slots || 0, 1);
   const x = t => P + (W - 2 * P) * (t - start) / windowMs;
   const y = n => H - P - (H - 2 * P) * n / top;
-  let total = 0;
-  let d = `M${x(start)},${y(0)}`;
+  // The ledger rows are the newest 20 only; the window's total is known, so the line ends at it
+  // and starts where the rows shown leave it (older spends in the window form that base).
+  let total = Math.max(0, (v.spent_slots || 0) - entries.reduce((sum, e) => sum + e.d, 0));
+  let d = `M${x(start)},${y(total).toFixed(1)}`;
   for (const e of entries) {
     d += ` H${x(e.t).toFixed(1)}`;
     total += e.d;
@@ -253,7 +255,7 @@ function quotaSection(q) {
       ['window', `${text(v.policy && v.policy.window_hours)} h`],
     ]),
     svg,
-    el('p', { class: 'muted' }, 'Net slots spent in the window (the newest 20 ledger rows); dashed: the limit.'));
+    el('p', { class: 'muted' }, 'Net slots spent over the rolling window, ending at the window\'s total (steps: the newest 20 ledger rows); dashed: the limit.'));
 }
 
 async function todoPage(goalId, todoId) {
