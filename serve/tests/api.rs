@@ -14,7 +14,7 @@ use loopx::kernel::quota::SpendRequest;
 use loopx::kernel::run::RefreshRequest;
 use loopx::kernel::todo::{NewTodo, TodoPatch};
 use loopx::kernel::{Actor, Kernel};
-use loopx::model::{GateScope, TodoKind};
+use loopx::model::{ExtensionRecord, GateScope, JournalStatus, Phase, TodoKind, TurnRecord};
 use loopx::paths::ProjectPaths;
 use loopx_serve::{CONTENT_SECURITY_POLICY, Config, OPENAPI_JSON, router};
 use serde_json::Value;
@@ -95,6 +95,40 @@ fn seed() -> (tempfile::TempDir, ProjectPaths, Vec<String>) {
         },
     )
     .unwrap();
+    // A journal row and an installed extension, written straight into the store (test builds
+    // only: the kernel's `write`), so the turn and extension routes answer with data.
+    let now = loopx::clock::now_ms();
+    k.write(|tx| {
+        tx.upsert_turn(&TurnRecord {
+            turn_key: "turn-1".into(),
+            goal_id: "g".into(),
+            agent_id: "bob".into(),
+            todo_id: Some("t1".into()),
+            status: JournalStatus::InProgress,
+            phases: vec![Phase::HostExecute],
+            data: serde_json::json!({"kind": null, "timeout_ms": 1000}),
+            created_at: now,
+            updated_at: now,
+            data_error: None,
+        })?;
+        tx.upsert_extension(&ExtensionRecord {
+            id: "demo".into(),
+            version: "0.1.0".into(),
+            enabled: true,
+            manifest: serde_json::json!({
+                "id": "demo", "version": "0.1.0", "api": ">=0.1, <0.2",
+                "permissions": ["fs.read:workspace"],
+                "provides": [{"kind": "provider", "id": "p", "component": "p.wasm",
+                              "limits": {"deadline_ms": 3000}}],
+            }),
+            grants: vec!["fs.read:workspace=/srv/data".into()],
+            install_dir: "/nonexistent/demo".into(),
+            component_hashes: serde_json::json!({"p": "ab".repeat(32)}),
+            installed_at: now,
+            revision: 1,
+        })
+    })
+    .unwrap();
     let paths = ProjectPaths::at(dir.path());
     (dir, paths, runs)
 }
@@ -152,7 +186,13 @@ fn json_routes(runs: &[String]) -> Vec<(String, &'static str)> {
         ),
         (format!("/api/v1/goals/g/runs/{}", runs[1]), "RunReport"),
         ("/api/v1/turns".into(), "TurnList"),
+        (
+            "/api/v1/turns?goal_id=g&status=in_progress&limit=5".into(),
+            "TurnList",
+        ),
+        ("/api/v1/turns/turn-1".into(), "TurnShow"),
         ("/api/v1/extensions".into(), "ExtensionList"),
+        ("/api/v1/extensions/demo".into(), "ExtensionShow"),
     ]
 }
 
@@ -247,6 +287,14 @@ async fn every_route_answers_in_the_shape_its_openapi_document_gives() {
     let older: Value = serde_json::from_str(&older).unwrap();
     assert_eq!(older["runs"][0]["run_id"], runs[0].as_str());
     assert_eq!(older["runs"][0]["rewards"][0]["score"], 2.0);
+    // The routes with data hold it: the turn and the extension's component, digest and grant.
+    let (_, _, turns) = send(&app, get("/api/v1/turns")).await;
+    let turns: Value = serde_json::from_str(&turns).unwrap();
+    assert_eq!(turns["turns"][0]["turn_key"], "turn-1");
+    let (_, _, ext) = send(&app, get("/api/v1/extensions/demo")).await;
+    let ext: Value = serde_json::from_str(&ext).unwrap();
+    assert_eq!(ext["extension"]["components"][0]["sha256"], "ab".repeat(32));
+    assert_eq!(ext["extension"]["grants"][0], "fs.read:workspace=/srv/data");
     // The document itself is served, and names every route the router has.
     let (status, _, doc) = send(&app, get("/api/v1/openapi.json")).await;
     assert_eq!(status, StatusCode::OK);
