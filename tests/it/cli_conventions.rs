@@ -847,3 +847,27 @@ fn watch_redraws_on_every_commit() {
         assert!(!screen.contains("--- "), "{screen}");
     }
 }
+
+/// Installing a component says on a terminal that it is compiling, and nothing of the kind into
+/// a pipe.
+#[test]
+fn install_progress_only_on_a_terminal() {
+    use support::plugin::{repo, wasm};
+    wasm("issue-fix");
+    let dir = repo().join("extensions/issue-fix");
+    let dir = dir.to_str().unwrap();
+    let piped = support::Project::new();
+    let run = piped.ok(&["extension", "install", dir]);
+    assert!(!run.stderr.contains("compiling"), "{}", run.stderr);
+    let p = support::Project::new();
+    let line = format!("{} extension install {dir}", support::loopx_bin());
+    if let Some((code, screen)) = on_a_terminal(&p, &line) {
+        assert_eq!(code, 0, "{screen}");
+        let progress = screen.find("loopx: installing ").expect(&screen);
+        assert!(
+            screen[progress..].contains("compiling its components"),
+            "{screen}"
+        );
+        assert!(progress < screen.find("Installed").unwrap(), "{screen}");
+    }
+}
