@@ -406,6 +406,26 @@ impl Dir {
     }
 }
 
+/// The WAL file's length and the bytes of it in use: the frames from the start that carry the
+/// salt of its header (SQLite's WAL format). A WAL started over in place keeps its old frames
+/// behind the new ones, under the old salt, until they are overwritten.
+fn wal_bytes(path: &Path) -> (u64, u64) {
+    let Ok(bytes) = std::fs::read(path) else {
+        return (0, 0);
+    };
+    if bytes.len() < 32 {
+        return (bytes.len() as u64, 0);
+    }
+    let page = u32::from_be_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    let salt = &bytes[16..24];
+    let frame = 24 + page;
+    let live = bytes[32..]
+        .chunks(frame)
+        .take_while(|f| f.len() == frame && &f[8..16] == salt)
+        .count();
+    (bytes.len() as u64, (32 + live * frame) as u64)
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
@@ -446,8 +466,8 @@ fn main() {
     let projects = [fresh.path(), long.path()];
     let mut samples = [Samples::default(), Samples::default()];
     let (mut spawn, mut fsync) = (Vec::new(), Vec::new());
-    // The largest `-wal` file seen after any timed command.
-    let mut wal_max = [0u64; 2];
+    // The largest `-wal` file, and the most bytes of it in use, seen after any timed command.
+    let mut wal_max = [(0u64, 0u64); 2];
     for r in 0..ROUNDS {
         for p in [r % 2, 1 - r % 2] {
             for i in 0..NAMES.len() {
@@ -457,10 +477,8 @@ fn main() {
                     &args.iter().map(String::as_str).collect::<Vec<_>>(),
                 );
                 check(i, &out);
-                let wal = std::fs::metadata(projects[p].join(".loopx/loopx.db-wal"))
-                    .map(|m| m.len())
-                    .unwrap_or(0);
-                wal_max[p] = wal_max[p].max(wal);
+                let (file, live) = wal_bytes(&projects[p].join(".loopx/loopx.db-wal"));
+                wal_max[p] = (wal_max[p].0.max(file), wal_max[p].1.max(live));
                 samples[p].took[i].push(out.took);
                 samples[p].rss[i].push(out.max_rss_kib);
             }
@@ -541,8 +559,9 @@ fn main() {
     );
     for (p, name) in ["fresh", "long"].iter().enumerate() {
         println!(
-            "largest WAL after a command ({name}): {} KiB",
-            wal_max[p] / 1024
+            "WAL after a command ({name}): file at most {} KiB, of which in use at most {} KiB",
+            wal_max[p].0 / 1024,
+            wal_max[p].1 / 1024
         );
     }
     // Every timed command did its work: each round's tick completed its todo, and each turn

@@ -14,6 +14,7 @@ mod flag_ranges;
 mod inert_output;
 mod input_limits;
 mod kernel_cli;
+mod long_project;
 mod loop_agents;
 mod monitors;
 mod output_snapshots;
