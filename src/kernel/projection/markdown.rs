@@ -111,11 +111,10 @@ pub(super) fn state_markdown(
         md.push('\n');
     }
     let older: i64 = window.older_todos.iter().map(|c| c.2).sum();
-    if older > 0 || window.older_runs > 0 {
+    if older > 0 {
         let _ = write!(
             md,
-            "## Older work\n\n{older} todo(s) finished and {} run(s) recorded before {} (the last {} day(s) are shown above): see `archive/` (one file per month), `loopx todo show` and `loopx history`.\n\n",
-            window.older_runs,
+            "## Older work\n\n{older} todo(s) finished before {} (the last {} day(s) are shown above): see `archive/` (one file per month) and `loopx todo show`; `loopx history` pages the runs.\n\n",
             rfc3339(window.finished_since),
             window.days
         );

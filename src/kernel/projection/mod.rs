@@ -62,36 +62,58 @@ pub(crate) struct GoalProjection {
     quota: quota::QuotaView,
     now: i64,
     window: LiveWindow,
+    /// Every todo of the goal counted per (role, status), older work included.
+    counts: Vec<(String, String, i64)>,
 }
 
 /// The projections' live window: finished todos last written before `finished_since` are left
 /// out of `state.json` and `STATE.md` and only counted here; they stay in the database (`todo
-/// show`) and in the goal's monthly archive (`archive/<YYYY-MM>.json`).
-#[derive(Debug, Clone, serde::Serialize)]
+/// show`) and in the goal's monthly archive (`archive/<YYYY-MM>.json`). Runs are not listed in
+/// the state files at all (`history` pages them).
+#[derive(Debug, Clone)]
 pub(crate) struct LiveWindow {
     pub(crate) days: i64,
     pub(crate) finished_since: i64,
     /// (role, status, count) of the finished todos older than the window.
     pub(crate) older_todos: Vec<(String, String, i64)>,
-    pub(crate) older_runs: i64,
 }
 
 impl LiveWindow {
-    fn read(tx: &dyn StoreRead, goal_id: &str, now: i64) -> Result<LiveWindow> {
+    /// The window the policy sets at `now`.
+    fn at(tx: &dyn StoreRead, now: i64) -> Result<(i64, i64)> {
         let policy = tx
             .retention()
             .retention_policy()?
             .unwrap_or(super::retention::DEFAULT_POLICY);
         let days = policy.live_window_days;
-        let finished_since = now.saturating_sub(days.saturating_mul(86_400_000));
-        Ok(LiveWindow {
+        Ok((days, now.saturating_sub(days.saturating_mul(86_400_000))))
+    }
+
+    /// The counts of older work: the goal's counts (kept by the store, whatever the history)
+    /// less the finished todos the window shows, so nothing walks the todos outside it.
+    fn new(
+        days: i64,
+        finished_since: i64,
+        totals: &[(String, String, i64)],
+        shown: &RenderedTodos,
+    ) -> LiveWindow {
+        let mut live = [[0i64; TodoStatus::ALL.len()]; Role::ALL.len()];
+        for r in &shown.rows {
+            live[r.role as usize][r.status as usize] += 1;
+        }
+        let older_todos = totals
+            .iter()
+            .filter_map(|(role, status, n)| {
+                let (r, st) = (Role::parse(role).ok()?, TodoStatus::parse(status).ok()?);
+                let older = n - live[r as usize][st as usize];
+                (st.is_terminal() && older > 0).then(|| (role.clone(), status.clone(), older))
+            })
+            .collect();
+        LiveWindow {
             days,
             finished_since,
-            older_todos: tx
-                .retention()
-                .finished_todo_counts_before(goal_id, finished_since)?,
-            older_runs: tx.retention().run_count_before(goal_id, finished_since)?,
-        })
+            older_todos,
+        }
     }
 
     fn to_json(&self) -> Value {
@@ -104,7 +126,6 @@ impl LiveWindow {
             "days": self.days,
             "finished_since": Rfc3339(self.finished_since),
             "older_todos": todos,
-            "older_runs": self.older_runs,
             "archive_dir": "archive/",
         })
     }
@@ -120,10 +141,13 @@ impl GoalProjection {
         cache_lines: Option<&dyn ProjectionCacheTx>,
     ) -> Result<GoalProjection> {
         let goal = super::require_goal(tx, goal_id)?;
-        let window = LiveWindow::read(tx, goal_id, now)?;
+        let (days, finished_since) = LiveWindow::at(tx, now)?;
+        let todos = RenderedTodos::read(tx, goal_id, now, finished_since, cache_lines)?;
+        let counts = tx.todo_status_counts(goal_id)?;
         Ok(GoalProjection {
-            todos: RenderedTodos::read(tx, goal_id, now, window.finished_since, cache_lines)?,
-            window,
+            window: LiveWindow::new(days, finished_since, &counts, &todos),
+            todos,
+            counts,
             evidence: tx.recent_evidence(goal_id, 50)?,
             quota: quota::view_in_tx(tx, goal_id, None, now)?,
             goal,
@@ -133,25 +157,7 @@ impl GoalProjection {
 
     /// Counts of the goal's todos per (role, status), as `StoreRead::todo_status_counts` gives them.
     pub(crate) fn todo_counts(&self) -> Vec<(String, String, i64)> {
-        let mut counts = [[0i64; TodoStatus::ALL.len()]; Role::ALL.len()];
-        for r in &self.todos.rows {
-            counts[r.role as usize][r.status as usize] += 1;
-        }
-        for (role, status, n) in &self.window.older_todos {
-            if let (Ok(role), Ok(status)) = (Role::parse(role), TodoStatus::parse(status)) {
-                counts[role as usize][status as usize] += n;
-            }
-        }
-        let mut out = Vec::new();
-        for (&role, per_status) in Role::ALL.iter().zip(&counts) {
-            for (&status, &n) in TodoStatus::ALL.iter().zip(per_status) {
-                if n > 0 {
-                    out.push((role.as_str().to_owned(), status.as_str().to_owned(), n));
-                }
-            }
-        }
-        out.sort();
-        out
+        self.counts.clone()
     }
 }
 

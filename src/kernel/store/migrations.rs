@@ -207,8 +207,6 @@ CREATE TABLE component_artifacts (
 );
 "#;
 
-/// Scheduled monitors and deferred todos' resume times, in tables of their own keyed by goal and
-
 /// The quota window's spend count kept as an aggregate, so checking it reads one row instead of
 /// every ledger row in the window. One row per goal (`agent_key` '') and per agent that spent in
 /// it: `live_slots` is the net of the key's ledger rows dated at or after `since`. A new ledger row
@@ -285,6 +283,8 @@ ALTER TABLE runs ADD COLUMN payload_dropped_at INTEGER;
 CREATE INDEX todos_by_finish ON todos(goal_id, status, updated_at);
 CREATE INDEX runs_by_time ON runs(goal_id, created_at);
 "#;
+
+/// Scheduled monitors and deferred todos' resume times, in tables of their own keyed by goal and
 /// todo id (not columns of `todos`, whose hot paths stay as they are). `monitors_by_due` serves
 /// the decision's "earliest due monitor" and the heartbeat's sweep without a scan; a deferral row
 /// lives while its todo is deferred (docs/state-model.md, "Monitors").

@@ -251,6 +251,9 @@ pub trait StoreRead: MonitorRead {
         limit: usize,
     ) -> Result<Vec<TurnRecord>>;
 
+    /// The retention queries (`loopx gc`; the goal projections' live window and archive).
+    fn retention(&self) -> &dyn RetentionRead;
+
     /// The backend's projection cache, if it keeps one (see [`for_each_projected_todo`]).
     fn projection_cache(&self) -> Option<&dyn ProjectionCache> {
         None
@@ -260,9 +263,6 @@ pub trait StoreRead: MonitorRead {
 /// Writes inside one write transaction, which also reads what it has written.
 pub trait StoreTx: StoreRead + MonitorTx {
     fn commit(self: Box<Self>) -> Result<()>;
-    /// The retention queries (`loopx gc`; the goal projections' live window and archive).
-    fn retention(&self) -> &dyn RetentionRead;
-
 
     // Goals (layer 1 registry + layer 2 goal state).
     fn insert_goal(&self, goal: &Goal) -> Result<()>;
@@ -301,28 +301,15 @@ pub trait StoreTx: StoreRead + MonitorTx {
     // Turn journal.
     fn upsert_turn(&self, turn: &TurnRecord) -> Result<()>;
 
+    /// The retention writes (`loopx gc`, `loopx gc policy`).
+    fn retention_tx(&self) -> &dyn RetentionTx;
+
     /// The backend's projection cache, writable, if it keeps one.
     fn projection_cache_tx(&self) -> Option<&dyn ProjectionCacheTx> {
         None
     }
 }
 
-/// Each todo's rendered projection lines, cached beside the todo so `refresh-state` copies the
-/// lines of unchanged todos instead of rendering every one. Optional: a backend without it
-/// renders every todo (see [`for_each_projected_todo`]), which is slower, never different.
-pub trait ProjectionCache {
-    /// Like [`StoreRead::for_each_todo`], but a todo whose projection lines are cached in `format`
-    /// comes as those lines instead of being read and decoded in full.
-    fn for_each_projected_todo(
-    /// The retention writes (`loopx gc`, `loopx gc policy`).
-    fn retention_tx(&self) -> &dyn RetentionTx;
-
-        &self,
-        goal_id: &str,
-        format: i64,
-        visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
-    ) -> Result<()>;
-}
 /// The queries retention needs (`loopx gc`, the goal projections' live window and monthly
 /// archive), a part of every read transaction ([`StoreRead::retention`]).
 pub trait RetentionRead {
@@ -347,14 +334,6 @@ pub trait RetentionRead {
     fn todos_finished_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Todo>>;
     /// When the goal's oldest terminal todo was last written, if any.
     fn oldest_finished_todo_at(&self, goal_id: &str) -> Result<Option<i64>>;
-    /// `(role, status, count)` of the goal's terminal todos last written before `before`.
-    fn finished_todo_counts_before(
-        &self,
-        goal_id: &str,
-        before: i64,
-    ) -> Result<Vec<(String, String, i64)>>;
-    /// How many of the goal's runs were created before `before`.
-    fn run_count_before(&self, goal_id: &str, before: i64) -> Result<i64>;
 }
 
 /// The writes of `loopx gc` and `loopx gc policy`, a part of every write transaction
@@ -375,6 +354,28 @@ pub trait RetentionTx: RetentionRead {
     ) -> Result<bool>;
 }
 
+/// Each todo's rendered projection lines, cached beside the todo so `refresh-state` copies the
+/// lines of unchanged todos instead of rendering every one. Optional: a backend without it
+/// renders every todo (see [`for_each_projected_todo`]), which is slower, never different.
+pub trait ProjectionCache {
+    /// Like [`StoreRead::for_each_todo`], but a todo whose projection lines are cached in `format`
+    /// comes as those lines instead of being read and decoded in full.
+    fn for_each_projected_todo(
+        &self,
+        goal_id: &str,
+        format: i64,
+        visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
+    ) -> Result<()>;
+    /// Like [`ProjectionCache::for_each_projected_todo`], but only the goal's open todos and the
+    /// terminal ones last written at or after `finished_since` (the projections' live window).
+    fn for_each_live_projected_todo(
+        &self,
+        goal_id: &str,
+        format: i64,
+        finished_since: i64,
+        visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
+    ) -> Result<()>;
+}
 
 /// The write half of [`ProjectionCache`], reachable only from a write transaction.
 pub trait ProjectionCacheTx: ProjectionCache {
@@ -387,15 +388,6 @@ pub trait ProjectionCacheTx: ProjectionCache {
         lines: &TodoLines<'_>,
     ) -> Result<()>;
 }
-    /// Like [`ProjectionCache::for_each_projected_todo`], but only the goal's open todos and the
-    /// terminal ones last written at or after `finished_since` (the projections' live window).
-    fn for_each_live_projected_todo(
-        &self,
-        goal_id: &str,
-        format: i64,
-        finished_since: i64,
-        visit: &mut dyn FnMut(ProjectedTodo<'_>) -> Result<()>,
-    ) -> Result<()>;
 
 /// Visits every todo of a goal like [`StoreRead::for_each_todo`], as the cached lines in
 /// `format` where the backend keeps a [`ProjectionCache`] with valid ones. The projections read
@@ -415,19 +407,6 @@ pub fn for_each_projected_todo(
     }
 }
 
-/// A monitor with the fields of its todo the schedule depends on, as
-/// [`MonitorRead::visit_active_monitors`] yields it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ActiveMonitor {
-    pub monitor: Monitor,
-    pub todo_status: TodoStatus,
-    pub todo_last_fence: i64,
-    pub todo_updated_at: i64,
-    /// The expiry of the todo's claim, live or not.
-    pub claim_expires_at: Option<i64>,
-}
-
-impl ActiveMonitor {
 /// Visits the goal's open todos and the terminal ones last written at or after
 /// `finished_since`, like [`for_each_projected_todo`] (cached lines where the backend keeps them).
 pub fn for_each_live_projected_todo(
@@ -448,6 +427,19 @@ pub fn for_each_live_projected_todo(
     }
 }
 
+/// A monitor with the fields of its todo the schedule depends on, as
+/// [`MonitorRead::visit_active_monitors`] yields it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveMonitor {
+    pub monitor: Monitor,
+    pub todo_status: TodoStatus,
+    pub todo_last_fence: i64,
+    pub todo_updated_at: i64,
+    /// The expiry of the todo's claim, live or not.
+    pub claim_expires_at: Option<i64>,
+}
+
+impl ActiveMonitor {
     /// When the monitor is next due (see [`Monitor::due_at`]).
     pub fn due_at(&self) -> i64 {
         self.monitor

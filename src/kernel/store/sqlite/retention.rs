@@ -164,31 +164,6 @@ impl Db<'_> {
         )
     }
 
-    fn finished_todo_counts_before(
-        &self,
-        goal_id: &str,
-        before: i64,
-    ) -> Result<Vec<(String, String, i64)>> {
-        self.query_all(
-            &format!(
-                "SELECT role, status, COUNT(*) FROM todos WHERE goal_id = ?1 AND status IN {TERMINAL} \
-                 AND updated_at < ?2 GROUP BY role, status ORDER BY role, status"
-            ),
-            params![goal_id, before],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            "counting finished todos",
-        )
-    }
-
-    fn run_count_before(&self, goal_id: &str, before: i64) -> Result<i64> {
-        self.query_one(
-            "SELECT COUNT(*) FROM runs WHERE goal_id = ?1 AND created_at < ?2",
-            params![goal_id, before],
-            |r| r.get(0),
-            "counting older runs",
-        )
-    }
-
     /// The live-window variant of `for_each_projected_todo`: open todos, then the terminal ones
     /// written at or after `finished_since`, each part one range of `todos_by_finish`.
     pub(super) fn for_each_live_projected_todo(
@@ -263,16 +238,6 @@ impl<M: Mode> RetentionRead for SqliteTx<'_, M> {
     }
     fn oldest_finished_todo_at(&self, goal_id: &str) -> Result<Option<i64>> {
         self.db().oldest_finished_todo_at(goal_id)
-    }
-    fn finished_todo_counts_before(
-        &self,
-        goal_id: &str,
-        before: i64,
-    ) -> Result<Vec<(String, String, i64)>> {
-        self.db().finished_todo_counts_before(goal_id, before)
-    }
-    fn run_count_before(&self, goal_id: &str, before: i64) -> Result<i64> {
-        self.db().run_count_before(goal_id, before)
     }
 }
 

@@ -346,6 +346,10 @@ impl<M: Mode> StoreRead for SqliteTx<'_, M> {
     fn projection_cache(&self) -> Option<&dyn ProjectionCache> {
         Some(self)
     }
+
+    fn retention(&self) -> &dyn crate::kernel::store::RetentionRead {
+        self
+    }
 }
 
 impl StoreTx for SqliteTx<'_, Write> {
@@ -356,10 +360,6 @@ impl StoreTx for SqliteTx<'_, Write> {
         self.finished = true;
         if WAL_FRAMES.take() > WAL_CHECKPOINT_FRAMES {
             // The commit is already durable; a failed checkpoint only means the next writer
-
-    fn retention(&self) -> &dyn crate::kernel::store::RetentionRead {
-        self
-    }
             // tries again.
             let _ = self.restart_wal();
         }
@@ -433,6 +433,10 @@ impl StoreTx for SqliteTx<'_, Write> {
     fn projection_cache_tx(&self) -> Option<&dyn ProjectionCacheTx> {
         Some(self)
     }
+
+    fn retention_tx(&self) -> &dyn crate::kernel::store::RetentionTx {
+        self
+    }
 }
 
 impl<M: Mode> ProjectionCache for SqliteTx<'_, M> {
@@ -444,24 +448,6 @@ impl<M: Mode> ProjectionCache for SqliteTx<'_, M> {
     ) -> Result<()> {
         self.db.for_each_projected_todo(goal_id, format, visit)
     }
-}
-
-impl ProjectionCacheTx for SqliteTx<'_, Write> {
-
-    fn retention_tx(&self) -> &dyn crate::kernel::store::RetentionTx {
-        self
-    }
-    fn cache_projected_todo(
-        &self,
-        goal_id: &str,
-        todo_id: &str,
-        format: i64,
-        lines: &TodoLines<'_>,
-    ) -> Result<()> {
-        self.db
-            .cache_projected_todo(goal_id, todo_id, format, lines)
-    }
-}
 
     fn for_each_live_projected_todo(
         &self,
@@ -473,3 +459,17 @@ impl ProjectionCacheTx for SqliteTx<'_, Write> {
         self.db
             .for_each_live_projected_todo(goal_id, format, finished_since, visit)
     }
+}
+
+impl ProjectionCacheTx for SqliteTx<'_, Write> {
+    fn cache_projected_todo(
+        &self,
+        goal_id: &str,
+        todo_id: &str,
+        format: i64,
+        lines: &TodoLines<'_>,
+    ) -> Result<()> {
+        self.db
+            .cache_projected_todo(goal_id, todo_id, format, lines)
+    }
+}
