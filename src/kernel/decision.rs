@@ -536,7 +536,9 @@ pub(crate) fn decide_in_tx(
 }
 
 /// The best ready todo that is ordinary work: scheduled monitors are selected only when due (see
-/// `monitor::schedule_in_tx`), so one that sorts first in the ready queue is passed over.
+/// `monitor::schedule_in_tx`), so the ones that sort first in the ready queue are passed over. A
+/// goal whose open agent todos are all monitors has none (one count, no todo read); otherwise the
+/// queue is read in doubling batches until a todo that is not a monitor turns up.
 fn ready_work(tx: &dyn StoreRead, goal_id: &str, now: i64, monitors: i64) -> Result<Option<Todo>> {
     let scheduled = |t: &Todo| -> Result<bool> {
         Ok(t.kind == crate::model::TodoKind::Monitor && tx.monitor(goal_id, &t.id)?.is_some())
@@ -547,12 +549,32 @@ fn ready_work(tx: &dyn StoreRead, goal_id: &str, now: i64, monitors: i64) -> Res
     if !scheduled(&first)? {
         return Ok(Some(first));
     }
-    for todo in tx.ready_todos(goal_id, now, monitors as usize + 1)? {
-        if !scheduled(&todo)? {
-            return Ok(Some(todo));
-        }
+    let open_agent_todos: i64 = tx
+        .todo_status_counts(goal_id)?
+        .iter()
+        .filter(|(role, status, _)| {
+            role == Role::Agent.as_str()
+                && TodoStatus::parse(status).is_ok_and(|s| !s.is_terminal())
+        })
+        .map(|c| c.2)
+        .sum();
+    if open_agent_todos <= monitors {
+        return Ok(None);
     }
-    Ok(None)
+    let mut limit = 8usize;
+    loop {
+        let batch = tx.ready_todos(goal_id, now, limit)?;
+        let exhausted = batch.len() < limit;
+        for todo in batch {
+            if !scheduled(&todo)? {
+                return Ok(Some(todo));
+            }
+        }
+        if exhausted || limit > monitors as usize {
+            return Ok(None);
+        }
+        limit *= 2;
+    }
 }
 
 impl Kernel {

@@ -613,3 +613,34 @@ fn a_failing_provider_is_a_failed_check_retried_next_cadence_that_blocks_nothing
     assert_eq!(beat["checks"].as_array().unwrap().len(), 2);
     assert_eq!(monitor_json(&p, "m")["failures"], 2);
 }
+
+/// examples/heartbeat/metric-watch.sh end to end with a 2-second cadence: the change in the file
+/// is seen by the provider-backed monitor, opens one agent todo, and the heartbeat's turn works it.
+#[test]
+fn the_metric_watch_example_runs_in_under_a_minute() {
+    wasm("fs-observe");
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new("sh")
+        .arg(repo().join("examples/heartbeat/metric-watch.sh"))
+        .env("LOOPX", crate::support::loopx_bin())
+        .env("EVERY", "2s")
+        .env_remove("LOOPX_ROOT")
+        .env_remove("LOOPX_AGENT_ID")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    assert!(text.contains("of monitor p95: changed"), "{text}");
+    assert!(text.contains("t2: looked at p95_ms = 480"), "{text}");
+    assert_eq!(
+        text.matches("Act on the change seen by monitor p95")
+            .count(),
+        1,
+        "{text}"
+    );
+}
