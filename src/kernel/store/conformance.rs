@@ -51,6 +51,10 @@ pub(crate) fn run_all(fresh: Fresh<'_>) {
             history_pages_newest_first_without_duplicates,
         ),
         ("read snapshots", a_rolled_back_write_leaves_nothing),
+        (
+            "monitors and deferrals",
+            monitors_list_by_due_time_and_follow_their_todos,
+        ),
     ];
     for (name, property) in properties {
         let factory = fresh();
@@ -591,6 +595,118 @@ pub(crate) fn a_rolled_back_write_leaves_nothing(open: Factory<'_>) {
         ["kept"],
         "the outer snapshot outlives the inner one"
     );
+}
+
+fn monitor(goal_id: &str, todo_id: &str, next_due_at: i64) -> crate::model::Monitor {
+    crate::model::Monitor {
+        goal_id: goal_id.into(),
+        todo_id: todo_id.into(),
+        every_ms: 1000,
+        until_at: None,
+        target: Some("metric".into()),
+        follow_up: crate::model::MonitorFollowUp::OpenTodo,
+        max_no_change: 3,
+        probe: Some(crate::model::ProbeSpec {
+            provider: "fs-observe/fs".into(),
+            operation: "metric".into(),
+            target: "m.txt".into(),
+        }),
+        next_due_at,
+        last_check_at: None,
+        last_digest: None,
+        last_result: Some(crate::model::CheckResult::Baseline),
+        no_change_count: 0,
+        material_change: false,
+        checks: 0,
+        failures: 0,
+        last_failure: None,
+        check_seq: 0,
+        checked_fence: 0,
+        created_at: 1,
+        updated_at: 1,
+    }
+}
+
+/// A monitor reads back as written (an upsert replaces it); the active monitors are the ones
+/// whose todo is not terminal, visited by due time, earliest first, until the visitor stops;
+/// deferrals list by resume time for todos still deferred; the next lease expiry is the earliest
+/// live one.
+pub(crate) fn monitors_list_by_due_time_and_follow_their_todos(open: Factory<'_>) {
+    let mut store = open();
+    write(&mut *store, |tx| {
+        tx.insert_goal(&goal("g")).unwrap();
+        for (id, due) in [("a", 300), ("b", 100), ("c", 200)] {
+            let mut t = todo("g", id);
+            t.kind = TodoKind::Monitor;
+            tx.insert_todo(&t).unwrap();
+            tx.upsert_monitor(&monitor("g", id, due)).unwrap();
+        }
+        let mut done = todo("g", "c");
+        done.kind = TodoKind::Monitor;
+        done.status = TodoStatus::Archived;
+        tx.update_todo(&done).unwrap();
+        let mut changed = monitor("g", "a", 300);
+        changed.no_change_count = 4;
+        changed.last_digest = Some("d".into());
+        tx.upsert_monitor(&changed).unwrap();
+        for (id, status, until) in [
+            ("x", TodoStatus::Deferred, 50),
+            ("y", TodoStatus::Deferred, 40),
+            ("z", TodoStatus::Open, 10),
+        ] {
+            let mut t = todo("g", id);
+            t.status = status;
+            tx.insert_todo(&t).unwrap();
+            tx.set_deferral("g", id, Some(until)).unwrap();
+        }
+        tx.set_deferral("g", "x", Some(60)).unwrap();
+        let mut leased = todo("g", "l");
+        leased.status = TodoStatus::Claimed;
+        leased.claim = Some(claim("ag", 1, 500));
+        tx.insert_todo(&leased).unwrap();
+    });
+    read(&*store, |tx| {
+        let a = tx.monitor("g", "a").unwrap().unwrap();
+        assert_eq!(
+            (a.no_change_count, a.last_digest.as_deref()),
+            (4, Some("d"))
+        );
+        assert_eq!(a.probe, monitor("g", "a", 0).probe);
+        assert_eq!(tx.monitors("g").unwrap().len(), 3);
+        assert_eq!(tx.active_monitor_count("g").unwrap(), 2);
+        let mut seen = Vec::new();
+        tx.visit_active_monitors("g", &mut |m| {
+            seen.push(m.monitor.todo_id.clone());
+            Ok(true)
+        })
+        .unwrap();
+        assert_eq!(
+            seen,
+            ["b", "a"],
+            "by due time, the archived todo's monitor left out"
+        );
+        let mut first = Vec::new();
+        tx.visit_active_monitors("g", &mut |m| {
+            first.push(m.monitor.todo_id.clone());
+            Ok(false)
+        })
+        .unwrap();
+        assert_eq!(first, ["b"]);
+        let due: Vec<(String, i64)> = tx
+            .next_deferrals("g", 10)
+            .unwrap()
+            .into_iter()
+            .map(|d| (d.todo_id, d.until_at))
+            .collect();
+        assert_eq!(due, [("y".to_string(), 40), ("x".to_string(), 60)]);
+        assert_eq!(tx.deferral("g", "z").unwrap().map(|d| d.until_at), Some(10));
+        assert_eq!(tx.next_lease_expiry("g", 100).unwrap(), Some(500));
+        assert_eq!(tx.next_lease_expiry("g", 500).unwrap(), None);
+    });
+    write(&mut *store, |tx| tx.set_deferral("g", "y", None).unwrap());
+    read(&*store, |tx| {
+        assert_eq!(tx.deferral("g", "y").unwrap(), None)
+    });
 }
 
 #[test]
