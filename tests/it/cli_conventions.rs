@@ -848,19 +848,20 @@ fn watch_redraws_on_every_commit() {
     }
 }
 
-/// Installing a component says on a terminal that it is compiling, and nothing of the kind into
-/// a pipe.
+/// Installing a component says on a terminal that it is compiling (one install: a compile is
+/// the slow part of this suite; that progress stays out of pipes is shown by the loop above,
+/// through the same `Context::progress`).
 #[test]
-fn install_progress_only_on_a_terminal() {
+fn install_progress_on_a_terminal() {
     use support::plugin::{repo, wasm};
     wasm("issue-fix");
     let dir = repo().join("extensions/issue-fix");
-    let dir = dir.to_str().unwrap();
-    let piped = support::Project::new();
-    let run = piped.ok(&["extension", "install", dir]);
-    assert!(!run.stderr.contains("compiling"), "{}", run.stderr);
     let p = support::Project::new();
-    let line = format!("{} extension install {dir}", support::loopx_bin());
+    let line = format!(
+        "{} extension install {}",
+        support::loopx_bin(),
+        dir.display()
+    );
     if let Some((code, screen)) = on_a_terminal(&p, &line) {
         assert_eq!(code, 0, "{screen}");
         let progress = screen.find("loopx: installing ").expect(&screen);
