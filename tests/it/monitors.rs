@@ -644,3 +644,86 @@ fn the_metric_watch_example_runs_in_under_a_minute() {
         "{text}"
     );
 }
+
+/// An agent-backed monitor due once, four heartbeat ticks at once (two of agent a, two of b): one
+/// turn runs the host, which records the check through the agent channel; the others find the
+/// monitor leased or already checked.
+#[test]
+fn overlapping_ticks_run_one_turn_on_a_due_agent_backed_monitor() {
+    let p = project();
+    freeze(&p, T0);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "m",
+        "--kind",
+        "monitor",
+        "--every",
+        "1h",
+        "--title",
+        "read the dashboard",
+    ]);
+    let host = p.script(
+        "host.sh",
+        &format!(
+            r#"cat > /dev/null
+echo "$LOOPX_AGENT_ID $LOOPX_TODO_ID" >> hosts.log
+sleep 0.3
+{loopx} todo check --goal-id g --todo-id m --observation "p95=120" >&2
+printf '{{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"checked","evidence":[{{"text":"checked m"}}]}}'
+"#,
+            loopx = crate::support::loopx_bin()
+        ),
+    );
+    let children: Vec<_> = ["a", "a", "b", "b"]
+        .iter()
+        .map(|agent| {
+            p.command(&[
+                "--format",
+                "json",
+                "loop",
+                "--once",
+                "--goal-id",
+                "g",
+                "--agent-id",
+                agent,
+                "--max-turns",
+                "1",
+                "--",
+                &host,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let mut turns = 0;
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        turns += v["heartbeat"]["turns"].as_array().unwrap().len();
+    }
+    let log = std::fs::read_to_string(p.path().join("hosts.log")).unwrap();
+    assert_eq!(log.lines().count(), 1, "{log}");
+    assert_eq!(turns, 1);
+    let m = monitor_json(&p, "m");
+    assert_eq!(
+        (m["checks"].as_i64(), m["last_result"].as_str()),
+        (Some(1), Some("baseline"))
+    );
+    assert_eq!(
+        show(&p, "m")["todo"]["status"],
+        "open",
+        "a check never completes a monitor"
+    );
+    assert_eq!(hint(&should_run(&p)), ("monitor_quiet".to_string(), 3600));
+}
