@@ -621,7 +621,11 @@ fn a_projection_failure_after_the_commit_is_a_warning_and_the_run_is_recorded_on
     std::fs::remove_file(&runs_dir).unwrap();
     std::fs::rename(p.path().join("runs-aside"), &runs_dir).unwrap();
     p.ok(&["refresh-state"]);
-    assert!(runs_dir.join(format!("{run_id}.json")).is_file());
+    assert!(
+        loopx::paths::ProjectPaths::at(p.path())
+            .run_json(&g, &run_id)
+            .is_file()
+    );
     assert_eq!(
         p.json(&["history", "--goal-id", &g])["runs"]
             .as_array()

@@ -294,7 +294,8 @@ fn hostile_text_is_inert_in_every_text_and_markdown_output() {
     // Projections: STATE.md and every run report are inert; the JSON ones keep the exact text.
     let goal_dir = p.state().join("goals/g");
     assert_inert_markdown("STATE.md", &read(&goal_dir.join("STATE.md")));
-    let reports = files_with_ext(&goal_dir.join("runs"), "md");
+    let month = loopx::paths::run_month(&run_id).unwrap();
+    let reports = files_with_ext(&goal_dir.join("runs").join(month), "md");
     assert!(reports.len() >= 2, "a report per run: {reports:?}");
     for report in &reports {
         assert_inert_markdown(&report.display().to_string(), &read(report));
@@ -314,8 +315,10 @@ fn hostile_text_is_inert_in_every_text_and_markdown_output() {
         (state["recent_evidence"].as_array().unwrap().iter())
             .any(|e| e["text"] == multi_line.as_str())
     );
-    let run_json: Value =
-        serde_json::from_str(&read(&goal_dir.join(format!("runs/{run_id}.json")))).unwrap();
+    let run_json: Value = serde_json::from_str(&read(
+        &loopx::paths::ProjectPaths::at(p.path()).run_json("g", &run_id),
+    ))
+    .unwrap();
     assert_eq!(run_json["summary"], multi_line.as_str());
     let registry: Value = serde_json::from_str(&read(&p.state().join("registry.json"))).unwrap();
     assert_eq!(registry["goals"][0]["title"], HOSTILE);

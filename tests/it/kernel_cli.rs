@@ -352,8 +352,8 @@ fn history_pages_newest_first_with_reward_overlays() {
     let older = older["runs"].as_array().unwrap();
     assert_eq!(older.len(), 3);
     assert_eq!(older[1]["rewards"][0]["score"], -0.5);
-    // Run reports are immutable files named by run id.
-    let report = p.state().join(format!("goals/{g}/runs/{}.json", ids[0]));
+    // Run reports are immutable files named by run id (in the month folder of the id).
+    let report = loopx::paths::ProjectPaths::at(p.path()).run_json(&g, &ids[0]);
     let v: Value = serde_json::from_slice(&std::fs::read(report).unwrap()).unwrap();
     assert_eq!(v["run_id"], ids[0].as_str());
 }

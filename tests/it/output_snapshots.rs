@@ -139,7 +139,31 @@ fn normalize(text: &str, dirs: &[PathBuf]) -> String {
         text = text.replace(&*dir.to_string_lossy(), "<PROJECT>");
     }
     let text = replace_timestamps(&text);
-    mask_quota_wait(&replace_ulids(&text))
+    mask_quota_wait(&replace_ulids(&mask_report_months(&text)))
+}
+
+/// The month folder of a run report (`runs/2026-12/`) becomes `runs/<MONTH>/`.
+fn mask_report_months(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("/runs/") {
+        let (head, tail) = rest.split_at(at + "/runs/".len());
+        out.push_str(head);
+        let b = tail.as_bytes();
+        let is_month = b.len() > 7
+            && b[..4].iter().all(u8::is_ascii_digit)
+            && b[4] == b'-'
+            && b[5..7].iter().all(u8::is_ascii_digit)
+            && b[7] == b'/';
+        if is_month {
+            out.push_str("<MONTH>/");
+            rest = &tail[8..];
+        } else {
+            rest = tail;
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// How long a throttled agent waits is the time until the window frees a slot, counted from the

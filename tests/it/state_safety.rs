@@ -352,7 +352,7 @@ fn an_empty_projection_counts_as_missing_and_is_recreated() {
         .as_str()
         .unwrap()
         .to_string();
-    let report = p.state().join(format!("goals/{g}/runs/{run}.json"));
+    let report = loopx::paths::ProjectPaths::at(p.path()).run_json(&g, &run);
     std::fs::write(&report, b"").unwrap();
     p.json(&["refresh-state"]);
     for path in [&state, &registry, &report] {

@@ -83,7 +83,8 @@ fn assert_completed_once(p: &Project, key: &str) {
     assert_eq!(runs[0]["classification"], "validated_completion");
     let run_id = runs[0]["run_id"].as_str().unwrap();
     assert!(
-        p.file(&format!(".loopx/goals/g/runs/{run_id}.json"))
+        loopx::paths::ProjectPaths::at(p.path())
+            .run_json("g", run_id)
             .exists(),
         "run report written"
     );

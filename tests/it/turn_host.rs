@@ -168,7 +168,11 @@ fn validator_accepting_completes_the_todo() {
     assert_eq!(t1["status"], "completed");
     // The run report was written once.
     let run_id = p.history()[0]["run_id"].as_str().unwrap().to_string();
-    assert!(p.file(&format!(".loopx/goals/g/runs/{run_id}.md")).exists());
+    assert!(
+        loopx::paths::ProjectPaths::at(p.path())
+            .run_md("g", &run_id)
+            .exists()
+    );
 }
 
 #[test]
