@@ -55,6 +55,10 @@ pub(crate) fn run_all(fresh: Fresh<'_>) {
             "monitors and deferrals",
             monitors_list_by_due_time_and_follow_their_todos,
         ),
+        (
+            "retention",
+            retention_compacts_only_settled_turns_and_reads_the_live_window,
+        ),
     ];
     for (name, property) in properties {
         let factory = fresh();
@@ -706,6 +710,136 @@ pub(crate) fn monitors_list_by_due_time_and_follow_their_todos(open: Factory<'_>
     write(&mut *store, |tx| tx.set_deferral("g", "y", None).unwrap());
     read(&*store, |tx| {
         assert_eq!(tx.deferral("g", "y").unwrap(), None)
+    });
+}
+
+/// The retention policy round-trips; a compaction changes a settled turn once and never an
+/// unsettled one; the live window yields open todos and only the finished ones written since its
+/// start; runs are found by creation time.
+pub(crate) fn retention_compacts_only_settled_turns_and_reads_the_live_window(open: Factory<'_>) {
+    use super::{ProjectedTodo, RetentionPolicy, for_each_live_projected_todo};
+    let mut store = open();
+    let policy = RetentionPolicy {
+        live_window_days: 3,
+        journal_full_days: 4,
+        keep_journal_bodies: true,
+        report_files_days: 5,
+        history_days: 6,
+    };
+    let mut settled = turn("done", "a1", None, &[Phase::HostExecute], 10);
+    settled.status = JournalStatus::Committed;
+    write(&mut *store, |tx| {
+        assert_eq!(tx.retention().retention_policy().unwrap(), None);
+        tx.retention_tx().set_retention_policy(&policy, 1).unwrap();
+        tx.insert_goal(&goal("g")).unwrap();
+        for (id, status, at) in [
+            ("open", TodoStatus::Open, 1),
+            ("old", TodoStatus::Completed, 100),
+            ("new", TodoStatus::Completed, 300),
+            ("gone", TodoStatus::Archived, 50),
+        ] {
+            let mut t = todo("g", id);
+            t.status = status;
+            t.updated_at = at;
+            tx.insert_todo(&t).unwrap();
+        }
+        tx.upsert_turn(&settled).unwrap();
+        tx.upsert_turn(&turn("live", "a2", None, &[], 10)).unwrap();
+        for (id, at) in [("01R1", 100), ("01R2", 200), ("01R3", 300)] {
+            tx.insert_run(&Run {
+                id: id.into(),
+                goal_id: "g".into(),
+                agent_id: None,
+                todo_id: None,
+                classification: "c".into(),
+                outcome: None,
+                summary: String::new(),
+                payload: serde_json::json!({"big": "payload"}),
+                created_at: at,
+            })
+            .unwrap();
+        }
+    });
+    read(&*store, |tx| {
+        assert_eq!(tx.retention().retention_policy().unwrap(), Some(policy));
+        let keys: Vec<String> = (tx.retention().compactable_turns(11, 10).unwrap())
+            .into_iter()
+            .map(|c| c.turn_key)
+            .collect();
+        assert_eq!(
+            keys,
+            ["done"],
+            "only settled turns, settled before the cut-off"
+        );
+        assert!(tx.retention().compactable_turns(10, 10).unwrap().is_empty());
+        let mut seen = Vec::new();
+        for_each_live_projected_todo(tx, "g", 1, 200, &mut |t| {
+            seen.push(match t {
+                ProjectedTodo::Cached(l) => l.json.to_string(),
+                ProjectedTodo::Uncached(t, _) => t.id.clone(),
+            });
+            Ok(())
+        })
+        .unwrap();
+        seen.sort();
+        assert_eq!(seen, ["new", "open"]);
+        let runs: Vec<String> = (tx.retention().runs_created_between("g", 150, 300).unwrap())
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(runs, ["01R2"]);
+        assert_eq!(tx.retention().oldest_run_at("g").unwrap(), Some(100));
+        assert_eq!(
+            tx.retention().oldest_finished_todo_at("g").unwrap(),
+            Some(50)
+        );
+        let finished: Vec<String> = (tx.retention().todos_finished_between("g", 0, 200).unwrap())
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(finished, ["gone", "old"]);
+        let payloads = tx
+            .retention()
+            .runs_with_payload_before("g", 250, 10)
+            .unwrap();
+        assert_eq!(payloads.len(), 2);
+    });
+    let small = serde_json::json!({"compacted": {}});
+    write(&mut *store, |tx| {
+        assert!(!tx.retention_tx().compact_turn("live", &small, 20).unwrap());
+        assert!(tx.retention_tx().compact_turn("done", &small, 20).unwrap());
+        assert!(
+            !tx.retention_tx().compact_turn("done", &small, 21).unwrap(),
+            "once"
+        );
+        assert!(
+            tx.retention_tx()
+                .drop_run_payload("g", "01R1", &small, 20)
+                .unwrap()
+        );
+        assert!(
+            !tx.retention_tx()
+                .drop_run_payload("g", "01R1", &small, 21)
+                .unwrap()
+        );
+    });
+    read(&*store, |tx| {
+        assert_eq!(tx.turn("done").unwrap().unwrap().data, small);
+        assert_eq!(tx.turn("live").unwrap().unwrap().data["request"], "live");
+        assert!(
+            tx.retention()
+                .compactable_turns(i64::MAX, 10)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(tx.run("g", "01R1").unwrap().unwrap().payload, small);
+        assert_eq!(
+            tx.retention()
+                .runs_with_payload_before("g", 250, 10)
+                .unwrap()
+                .len(),
+            1
+        );
     });
 }
 
