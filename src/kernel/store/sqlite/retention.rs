@@ -154,10 +154,13 @@ impl Db<'_> {
     }
 
     fn oldest_finished_todo_at(&self, goal_id: &str) -> Result<Option<i64>> {
+        // One `MIN` per status, each the first entry of its range of `todos_by_finish`: the
+        // projections ask on every refresh until there is a month to archive.
         self.query_one(
-            &format!(
-                "SELECT MIN(updated_at) FROM todos WHERE goal_id = ?1 AND status IN {TERMINAL}"
-            ),
+            "SELECT MIN(m) FROM (\
+             SELECT MIN(updated_at) AS m FROM todos WHERE goal_id = ?1 AND status = 'completed' \
+             UNION ALL \
+             SELECT MIN(updated_at) FROM todos WHERE goal_id = ?1 AND status = 'archived')",
             [goal_id],
             |r| r.get(0),
             "finding the oldest finished todo",
