@@ -339,6 +339,17 @@ pub(crate) fn require_goal(tx: &dyn StoreRead, goal_id: &str) -> Result<crate::m
     })
 }
 
+/// The error for a run id that the goal does not have (exit 3).
+pub(crate) fn unknown_run(goal_id: &str, run_id: &str) -> LoopxError {
+    crate::error::not_found(msg![
+        format!("unknown run '{run_id}' in goal '{goal_id}'; "),
+        NextAction::ShowHistory {
+            goal_id: goal_id.to_string()
+        },
+        " lists its runs"
+    ])
+}
+
 /// Loads a todo of a goal or fails with exit 3 naming both.
 pub(crate) fn require_todo(
     tx: &dyn StoreRead,

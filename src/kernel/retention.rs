@@ -24,7 +24,7 @@ use serde_json::json;
 use super::store::{CompactableTurn, RetentionPolicy};
 use super::{Actor, Kernel, log_op};
 use crate::clock::{Rfc3339, now_ms};
-use crate::error::{LoopxError, Result, bad_input};
+use crate::error::{LoopxError, Param, Result, bad_input, msg};
 use crate::model::compact_journal_data;
 
 /// The policy when the operator has set none: a week of finished work in the goal projections,
@@ -126,12 +126,12 @@ impl GcReport {
     }
 }
 
-fn check_days(name: &str, days: i64) -> Result<()> {
+fn check_days(param: Param, days: i64) -> Result<()> {
     if !(0..=MAX_DAYS).contains(&days) {
-        return Err(bad_input(format!(
-            "--{} {days} is out of range: give whole days from 0 to {MAX_DAYS}",
-            name.replace('_', "-")
-        )));
+        return Err(bad_input(msg![
+            param,
+            format!(" {days} is out of range: give whole days from 0 to {MAX_DAYS}")
+        ]));
     }
     Ok(())
 }
@@ -209,14 +209,14 @@ impl Kernel {
         change: &PolicyChange,
     ) -> Result<PolicyView> {
         actor.require_operator("change the retention policy")?;
-        for (name, days) in [
-            ("live_window_days", change.live_window_days),
-            ("journal_full_days", change.journal_full_days),
-            ("report_files_days", change.report_files_days),
-            ("history_days", change.history_days),
+        for (param, days) in [
+            (Param::LiveWindowDays, change.live_window_days),
+            (Param::JournalFullDays, change.journal_full_days),
+            (Param::ReportFilesDays, change.report_files_days),
+            (Param::HistoryDays, change.history_days),
         ] {
             if let Some(d) = days {
-                check_days(name, d)?;
+                check_days(param, d)?;
             }
         }
         self.write(|tx| {
@@ -493,6 +493,7 @@ fn json_len(v: &serde_json::Value) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Part;
 
     #[test]
     fn month_bounds_cover_the_calendar() {
@@ -516,10 +517,11 @@ mod tests {
 
     #[test]
     fn days_out_of_range_are_refused_naming_the_flag() {
-        let e = check_days("history_days", -1).unwrap_err();
+        let e = check_days(Param::HistoryDays, -1).unwrap_err();
         assert_eq!(e.exit_code(), 2);
-        assert!(e.to_string().contains("--history-days"), "{e}");
-        assert!(check_days("history_days", MAX_DAYS + 1).is_err());
-        assert!(check_days("history_days", 0).is_ok());
+        let message = e.message().expect("a bad-input message");
+        assert_eq!(message.parts()[0], Part::Param(Param::HistoryDays), "{e}");
+        assert!(check_days(Param::HistoryDays, MAX_DAYS + 1).is_err());
+        assert!(check_days(Param::HistoryDays, 0).is_ok());
     }
 }

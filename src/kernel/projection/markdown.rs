@@ -114,7 +114,7 @@ pub(super) fn state_markdown(
     if older > 0 {
         let _ = write!(
             md,
-            "## Older work\n\n{older} todo(s) finished before {} (the last {} day(s) are shown above): see `archive/` (one file per month) and `loopx todo show`; `loopx history` pages the runs.\n\n",
+            "## Older work\n\n{older} todo(s) finished before {} (the last {} day(s) are shown above): see `archive/` (one file per month); every todo stays readable by its id and every run in the history.\n\n",
             rfc3339(window.finished_since),
             window.days
         );

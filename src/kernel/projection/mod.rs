@@ -396,9 +396,7 @@ impl Kernel {
             tx.run(goal_id, run_id)
         })?;
         let Some(run) = run else {
-            return Err(crate::error::not_found(format!(
-                "unknown run '{run_id}' in goal '{goal_id}'; `loopx history --goal-id {goal_id}` lists its runs"
-            )));
+            return Err(super::unknown_run(goal_id, run_id));
         };
         let path = self.paths().run_json(goal_id, run_id);
         match std::fs::read(&path) {
