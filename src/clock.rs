@@ -40,7 +40,8 @@ pub mod test_clock {
         }
     }
 
-    /// Reads `<state>/test-clock-offset-ms` (0 when absent or unreadable).
+    /// Reads `<state>/test-clock-offset-ms`: `N` moves the clock by N ms, `@N` freezes it at N ms
+    /// since the epoch (so a test can assert exact hints); absent or unreadable means no change.
     pub fn load(state: &std::path::Path) {
         let text = std::fs::read_to_string(state.join(super::TEST_CLOCK_FILE)).unwrap_or_default();
         let text = text.trim();

@@ -89,6 +89,12 @@ pub fn max_sleep_seconds(s: &str) -> Result<u64, String> {
 pub fn loop_count(s: &str) -> Result<u32, String> {
     int_in(s, LOOP_COUNT)
 }
+/// `todo add/update --max-no-change`: quiet checks before a monitor backs off.
+pub const MAX_NO_CHANGE: RangeInclusive<i128> =
+    0..=crate::kernel::monitor::MAX_NO_CHANGE_LIMIT as i128;
+pub fn max_no_change(s: &str) -> Result<i64, String> {
+    int_in(s, MAX_NO_CHANGE)
+}
 pub fn retention_days(s: &str) -> Result<i64, String> {
     int_in(s, RETENTION_DAYS)
 }
@@ -237,12 +243,15 @@ mod tests {
         "quota set --window-hours",
         "quota spend-slot --slots",
         "reward add --score",
+        "todo add --max-no-change",
+        "todo check --fence",
         "todo claim --ttl-seconds",
         "todo complete --fence",
         "todo release --fence",
         "todo renew --fence",
         "todo renew --ttl-seconds",
         "todo update --fence",
+        "todo update --max-no-change",
         "turn list --limit",
         "turn run --timeout-seconds",
     ];

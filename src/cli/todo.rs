@@ -477,8 +477,8 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
 #[derive(Debug, Args, Default)]
 pub struct ScheduleArgs {
     /// Monitors: how often the check runs, e.g. 30s, 15m, 1h, 1d (required for --kind monitor).
-    #[arg(long, value_parser = parse_duration_ms)]
-    pub every: Option<i64>,
+    #[arg(long, allow_hyphen_values = true, value_parser = cadence)]
+    pub every: Option<std::time::Duration>,
     /// Monitors: when the monitor ends; deferred todos: when they resume. RFC 3339 UTC
     /// (2026-12-02T05:00:00Z) or +<duration> from now (+2h).
     #[arg(long)]
@@ -493,7 +493,7 @@ pub struct ScheduleArgs {
     #[arg(long, value_parser = MonitorFollowUp::parse)]
     pub on_change: Option<MonitorFollowUp>,
     /// Monitors: quiet checks in a row before the cadence backs off (x2, x4, x8; default 3).
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = super::flags::max_no_change)]
     pub max_no_change: Option<i64>,
     /// Monitors: run a provider operation as the check, with no agent turn:
     /// --probe <extension>/<provider> <operation> <target>.
@@ -542,7 +542,7 @@ impl ScheduleArgs {
         let every = self
             .every
             .ok_or_else(|| bad_input("a monitor needs a cadence: pass --every, e.g. --every 1h"))?;
-        let mut spec = MonitorSpec::every(every);
+        let mut spec = MonitorSpec::every(every.as_millis() as i64);
         spec.until_at = self.until_at()?;
         spec.target = self.target.clone();
         spec.follow_up = self.follow_up().unwrap_or(MonitorFollowUp::OpenTodo);
@@ -555,7 +555,7 @@ impl ScheduleArgs {
 
     fn patch(&self) -> Result<MonitorPatch> {
         Ok(MonitorPatch {
-            every_ms: self.every,
+            every_ms: self.every.map(|d| d.as_millis() as i64),
             until_at: None,
             target: self.target.clone(),
             follow_up: self.follow_up(),
@@ -563,6 +563,11 @@ impl ScheduleArgs {
             probe: self.probe(),
         })
     }
+}
+
+/// `--every`: a duration text (`30s`, `1h30m`), so it is a shaped text flag, not a number.
+fn cadence(text: &str) -> Result<std::time::Duration> {
+    parse_duration_ms(text).map(|ms| std::time::Duration::from_millis(ms as u64))
 }
 
 fn monitor_fields(m: &Monitor, now: i64) -> Vec<(&'static str, String)> {

@@ -220,7 +220,7 @@ impl Decision {
     pub fn to_packet(&self) -> Value {
         let user_action_required = self.user_action_required();
         let mode = self.interaction_mode();
-        json!({
+        let mut packet = json!({
             "schema_version": SHOULD_RUN_SCHEMA,
             "goal_id": self.goal_id,
             "agent_id": self.agent_id,
@@ -268,9 +268,13 @@ impl Decision {
                 "action": self.scheduler_action,
                 "next_check_after_seconds": self.next_check_after_seconds,
             },
-            "monitor": self.monitor.as_ref().map(|m| crate::kernel::projection::monitor_json(m, self.decided_at)),
             "decided_at": rfc3339(self.decided_at),
-        })
+        });
+        // Only with a due monitor: packets without one keep the shape they always had.
+        if let Some(m) = &self.monitor {
+            packet["monitor"] = crate::kernel::projection::monitor_json(m, self.decided_at);
+        }
+        packet
     }
 }
 
@@ -385,7 +389,7 @@ pub(crate) fn decide_in_tx(
     } else if let Some(due) = schedule.due.as_ref().filter(|m| m.monitor.probe.is_some()) {
         // A provider-backed check spends no quota and no agent turn: the heartbeat runs it.
         let reason = format!(
-            "monitor '{}' is due: the heartbeat (`loopx loop --watch` or `--once`) runs its probe",
+            "monitor '{}' is due: the heartbeat (loop watch or once) runs its probe",
             due.monitor.todo_id
         );
         d.monitor = Some(due.monitor.clone());
@@ -452,7 +456,7 @@ pub(crate) fn decide_in_tx(
         // (`loopx todo check`); the check never completes it.
         let todo = super::require_todo(tx, goal_id, &due.monitor.todo_id)?;
         let reason = format!(
-            "monitor '{}' is due: check it and record the observation with `loopx todo check`",
+            "monitor '{}' is due: check it and record the observation (todo check)",
             todo.id
         );
         let key = format!("{agent_id}.{}.f{}", todo.id, todo.last_fence + 1);

@@ -174,7 +174,7 @@ pub(crate) fn schedule_in_tx(tx: &dyn StoreRead, goal_id: &str, now: i64) -> Res
 fn check_spec(spec: &MonitorSpec, now: i64) -> Result<()> {
     if !(MIN_EVERY_MS..=MAX_EVERY_MS).contains(&spec.every_ms) {
         return Err(bad_input(format!(
-            "--every must be between 1s and 30d (got {} ms)",
+            "a monitor's cadence (every) must be between 1s and 30d (got {} ms)",
             spec.every_ms
         )));
     }
@@ -182,19 +182,19 @@ fn check_spec(spec: &MonitorSpec, now: i64) -> Result<()> {
         && until <= now
     {
         return Err(bad_input(format!(
-            "--until {} is not in the future; pass a later time",
+            "until {} is not in the future; pass a later time",
             crate::clock::rfc3339(until)
         )));
     }
     if !(0..=MAX_NO_CHANGE_LIMIT).contains(&spec.max_no_change) {
         return Err(bad_input(format!(
-            "--max-no-change must be between 0 and {MAX_NO_CHANGE_LIMIT}"
+            "max_no_change must be between 0 and {MAX_NO_CHANGE_LIMIT}"
         )));
     }
     if let Some(t) = &spec.target
         && (t.trim().is_empty() || t.len() > 500)
     {
-        return Err(bad_input("--target must be 1 to 500 bytes"));
+        return Err(bad_input("a monitor's target must be 1 to 500 bytes"));
     }
     if let Some(p) = &spec.probe {
         check_probe(p)?;
@@ -225,10 +225,9 @@ pub fn check_probe(p: &ProbeSpec) -> Result<()> {
 pub(crate) fn refuse_completion(tx: &dyn StoreRead, todo: &Todo) -> Result<()> {
     if todo.kind == TodoKind::Monitor && tx.monitor(&todo.goal_id, &todo.id)?.is_some() {
         return Err(refused(format!(
-            "todo '{}' is a scheduled monitor; a check never completes it. Record a check with \
-             `loopx todo check --goal-id {} --todo-id {} --observation TEXT`, or archive it with \
-             `loopx todo update --goal-id {} --todo-id {} --status archived`",
-            todo.id, todo.goal_id, todo.id, todo.goal_id, todo.id
+            "todo '{}' of goal '{}' is a scheduled monitor; a check never completes it. Record a \
+             check of it (todo check), or archive it (todo update, status archived)",
+            todo.id, todo.goal_id
         )));
     }
     Ok(())
@@ -246,8 +245,8 @@ pub(crate) fn apply_patch_in_tx(
     }
     let Some(mut m) = tx.monitor(&todo.goal_id, &todo.id)? else {
         return Err(bad_input(format!(
-            "todo '{}' is not a scheduled monitor; --every, --target, --on-change, --watch-only, \
-             --max-no-change and --probe apply to monitors (add one with --kind monitor --every)",
+            "todo '{}' is not a scheduled monitor; every, target, on_change, watch_only, \
+             max_no_change and probe apply to monitors (add one of kind monitor with a cadence)",
             todo.id
         )));
     };
@@ -406,7 +405,7 @@ fn truncate(text: &str, max: usize) -> &str {
 fn end_monitor(tx: &dyn StoreTx, mut todo: Todo, now: i64) -> Result<Todo> {
     todo.status = TodoStatus::Archived;
     todo.claim = None;
-    todo.status_reason = Some("monitor ended: its --until passed".to_string());
+    todo.status_reason = Some("monitor ended: its until passed".to_string());
     todo.updated_at = now;
     tx.update_todo(&todo)?;
     Ok(todo)
@@ -417,7 +416,7 @@ fn require_monitor(tx: &dyn StoreRead, goal_id: &str, todo_id: &str) -> Result<(
     let todo = require_todo(tx, goal_id, todo_id)?;
     let m = tx.monitor(goal_id, todo_id)?.ok_or_else(|| {
         bad_input(format!(
-            "todo '{todo_id}' is not a scheduled monitor; add one with `loopx todo add --goal-id {goal_id} --kind monitor --every 1h --title ...`"
+            "todo '{todo_id}' of goal '{goal_id}' is not a scheduled monitor; add one of kind monitor with a cadence (every)"
         ))
     })?;
     Ok((todo, m))
@@ -435,8 +434,8 @@ impl Kernel {
     ) -> Result<(Todo, Monitor)> {
         if new.kind != TodoKind::Monitor {
             return Err(bad_input(
-                "--every, --until, --target, --on-change, --watch-only, --max-no-change and --probe \
-                 apply to --kind monitor",
+                "every, until, target, on_change, watch_only, max_no_change and probe apply to a \
+                 todo of kind monitor",
             ));
         }
         self.write(|tx| {
@@ -530,7 +529,7 @@ impl Kernel {
             }
             if m.expired(now) {
                 return Err(refused(format!(
-                    "monitor '{todo_id}' ended at {} (its --until); the next heartbeat archives it",
+                    "monitor '{todo_id}' ended at {} (its until); the next heartbeat archives it",
                     crate::clock::rfc3339(m.until_at.unwrap_or(now))
                 )));
             }
@@ -701,7 +700,7 @@ pub(crate) fn apply_update_in_tx(
         Some(at) if todo.status == TodoStatus::Deferred => {
             if at <= now {
                 return Err(bad_input(format!(
-                    "--until {} is not in the future; pass a later time",
+                    "until {} is not in the future; pass a later time",
                     crate::clock::rfc3339(at)
                 )));
             }
@@ -709,8 +708,8 @@ pub(crate) fn apply_update_in_tx(
             Ok(true)
         }
         Some(_) => Err(bad_input(format!(
-            "--until applies to a monitor (when it ends) or a deferred todo (when it resumes); \
-             todo '{}' is {}: pass --status deferred with it",
+            "until applies to a monitor (when it ends) or a deferred todo (when it resumes); \
+             todo '{}' is {}: set its status to deferred with it",
             todo.id, todo.status
         ))),
         None if status_changed && todo.status != TodoStatus::Deferred => {

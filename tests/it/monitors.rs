@@ -239,6 +239,34 @@ fn a_material_change_records_exactly_one_evidence_row_and_one_follow_up() {
     assert_eq!(replan["priority"], "P0");
     assert!(replan["title"].as_str().unwrap().starts_with("Replan"));
 
+    // The goal's projections show each monitor's schedule and last check.
+    p.ok(&["refresh-state", "--goal-id", "g"]);
+    let state: Value = serde_json::from_str(
+        &std::fs::read_to_string(p.state().join("goals/g/state.json")).unwrap(),
+    )
+    .unwrap();
+    let listed: Vec<&str> = state["monitors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["todo_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed.len(), 3, "{state}");
+    let m = state["monitors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["todo_id"] == "m")
+        .unwrap();
+    assert_eq!(
+        (m["last_result"].as_str(), m["every_seconds"].as_f64()),
+        (Some("unchanged"), Some(3600.0))
+    );
+    let md = std::fs::read_to_string(p.state().join("goals/g/STATE.md")).unwrap();
+    assert!(
+        md.contains("## Monitors") && md.contains("- `m` every 3600 s"),
+        "{md}"
+    );
     // A check never completes a monitor.
     let r = p.run(&["todo", "complete", "--goal-id", "g", "--todo-id", "m"]);
     assert_eq!(r.code, 1, "{}", r.stderr);

@@ -81,6 +81,7 @@ pub(super) fn state_markdown(
     evidence: &[Evidence],
     quota: &quota::QuotaView,
     window: &LiveWindow,
+    monitors: &[crate::model::Monitor],
     now: i64,
 ) -> String {
     let mut md = String::with_capacity(1024 + todos.md.len());
@@ -107,6 +108,29 @@ pub(super) fn state_markdown(
         }
         if md.len() == before {
             md.push_str("(none)\n");
+        }
+        md.push('\n');
+    }
+    if !monitors.is_empty() {
+        md.push_str("## Monitors\n\n");
+        for m in monitors {
+            let _ = writeln!(
+                md,
+                "- `{}` every {} s (now every {} s), next due {}, last check {} ({}), {} quiet in a row{}",
+                md_inline(&m.todo_id),
+                m.every_ms / 1000,
+                m.interval_ms() / 1000,
+                rfc3339(m.next_due_at),
+                m.last_check_at
+                    .map(rfc3339)
+                    .unwrap_or_else(|| "never".into()),
+                m.last_result.map(|r| r.as_str()).unwrap_or("none"),
+                m.no_change_count,
+                m.target
+                    .as_deref()
+                    .map(|t| format!(", watching {}", md_inline(t)))
+                    .unwrap_or_default(),
+            );
         }
         md.push('\n');
     }

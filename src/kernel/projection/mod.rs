@@ -64,6 +64,8 @@ pub(crate) struct GoalProjection {
     window: LiveWindow,
     /// Every todo of the goal counted per (role, status), older work included.
     counts: Vec<(String, String, i64)>,
+    /// The goal's monitors whose todo is not terminal, by due time.
+    monitors: Vec<crate::model::Monitor>,
 }
 
 /// The projections' live window: finished todos last written before `finished_since` are left
@@ -144,7 +146,13 @@ impl GoalProjection {
         let (days, finished_since) = LiveWindow::at(tx, now)?;
         let todos = RenderedTodos::read(tx, goal_id, now, finished_since, cache_lines)?;
         let counts = tx.todo_status_counts(goal_id)?;
+        let mut monitors = Vec::new();
+        tx.visit_active_monitors(goal_id, &mut |m| {
+            monitors.push(m.monitor.clone());
+            Ok(true)
+        })?;
         Ok(GoalProjection {
+            monitors,
             window: LiveWindow::new(days, finished_since, &counts, &todos),
             todos,
             counts,
@@ -264,15 +272,18 @@ impl RenderedTodos {
 /// one todo per line (compact), so `grep '"id":"t42"'` finds a todo and a diff between two
 /// refreshes shows exactly the todos that changed; rendering 1,000 todos this way also costs half
 /// of pretty-printing them, which mattered on every `refresh-state`.
-fn write_state_json(
-    w: &mut ProjectionWriter,
-    now: i64,
-    goal: &Goal,
-    todos: &RenderedTodos,
-    evidence: &[Evidence],
-    quota: &quota::QuotaView,
-    window: &LiveWindow,
-) -> std::io::Result<()> {
+fn write_state_json(w: &mut ProjectionWriter, p: &GoalProjection) -> std::io::Result<()> {
+    let GoalProjection {
+        now,
+        goal,
+        todos,
+        evidence,
+        quota,
+        window,
+        monitors,
+        ..
+    } = p;
+    let now = *now;
     fn field(
         w: &mut ProjectionWriter,
         key: &str,
@@ -298,6 +309,18 @@ fn write_state_json(
     })?;
     let evidence: Vec<EvidenceView> = evidence.iter().map(evidence_json).collect();
     field(w, "recent_evidence", &evidence)?;
+    if !monitors.is_empty() {
+        // Only where there are monitors: other goals' files keep the shape they had.
+        let list: Vec<Value> = monitors
+            .iter()
+            .map(|m| {
+                let mut v = monitor_json(m, now);
+                v["todo_id"] = json!(m.todo_id);
+                v
+            })
+            .collect();
+        field(w, "monitors", &list)?;
+    }
     field(w, "live_window", &window.to_json())?;
     write!(w, "  \"quota\": ")?;
     serde_json::to_writer(&mut *w, &quota.to_json())?;
@@ -343,19 +366,20 @@ impl Kernel {
     /// Writes `state.json` (after checking the file it replaces) and `STATE.md`.
     pub(crate) fn write_goal_files(&self, p: &GoalProjection) -> Result<()> {
         write_json_projection(&self.paths().goal_state_json(&p.goal.id), |w| {
-            write_state_json(
-                w,
-                p.now,
+            write_state_json(w, p)
+        })?;
+        write_atomic(
+            &self.paths().goal_state_md(&p.goal.id),
+            state_markdown(
                 &p.goal,
                 &p.todos,
                 &p.evidence,
                 &p.quota,
                 &p.window,
+                &p.monitors,
+                p.now,
             )
-        })?;
-        write_atomic(
-            &self.paths().goal_state_md(&p.goal.id),
-            state_markdown(&p.goal, &p.todos, &p.evidence, &p.quota, &p.window, p.now).as_bytes(),
+            .as_bytes(),
         )?;
         // One `stat` when the month that last left the live window is archived already.
         self.write_goal_archives_before(&p.goal.id, p.window.finished_since)
