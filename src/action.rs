@@ -159,6 +159,145 @@ impl NextAction {
 mod tests {
     use super::*;
 
+    /// The string literals of a Rust source file, up to its first `#[cfg(test)]` (tests may
+    /// spell what they check). Enough of a lexer for this crate's code: comments, escapes, raw
+    /// strings and char literals.
+    fn string_literals(source: &str) -> Vec<(usize, String)> {
+        let source = source.split("#[cfg(test)]").next().unwrap_or_default();
+        let chars: Vec<char> = source.chars().collect();
+        let (mut out, mut i, mut line) = (Vec::new(), 0, 1);
+        while i < chars.len() {
+            match chars[i] {
+                '\n' => line += 1,
+                '/' if chars.get(i + 1) == Some(&'/') => {
+                    while i < chars.len() && chars[i] != '\n' {
+                        i += 1;
+                    }
+                    continue;
+                }
+                '\'' if chars.get(i + 2) == Some(&'\'') || chars.get(i + 1) == Some(&'\\') => {
+                    // A char literal ('"', '\'', '\n'); a lifetime has no closing quote.
+                    let end = (i + 1..chars.len().min(i + 12))
+                        .find(|&j| chars[j] == '\'' && (j > i + 2 || chars[i + 1] != '\\'));
+                    if let Some(end) = end {
+                        i = end + 1;
+                        continue;
+                    }
+                }
+                'r' if matches!(chars.get(i + 1), Some('"') | Some('#'))
+                    && !chars
+                        .get(i.wrapping_sub(1))
+                        .is_some_and(|c| c.is_alphanumeric() || *c == '_') =>
+                {
+                    let hashes = chars[i + 1..].iter().take_while(|c| **c == '#').count();
+                    let start = i + 2 + hashes;
+                    let closing: Vec<char> = std::iter::once('"')
+                        .chain(std::iter::repeat_n('#', hashes))
+                        .collect();
+                    let mut j = start;
+                    while j + closing.len() <= chars.len()
+                        && chars[j..j + closing.len()] != closing[..]
+                    {
+                        j += 1;
+                    }
+                    let text: String = chars[start..j.min(chars.len())].iter().collect();
+                    out.push((line, text.clone()));
+                    line += text.matches('\n').count();
+                    i = j + closing.len();
+                    continue;
+                }
+                '"' => {
+                    let (start_line, mut text, mut j) = (line, String::new(), i + 1);
+                    while j < chars.len() && chars[j] != '"' {
+                        if chars[j] == '\\' {
+                            j += 1;
+                        }
+                        if chars.get(j) == Some(&'\n') {
+                            line += 1;
+                        }
+                        text.extend(chars.get(j));
+                        j += 1;
+                    }
+                    out.push((start_line, text));
+                    i = j + 1;
+                    continue;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        out
+    }
+
+    /// What a CLI-only text looks like: a `loopx` command or a `--flag`.
+    fn speaks_cli(text: &str) -> bool {
+        let words: Vec<&str> = text.split_whitespace().collect();
+        // Commands are quoted in backticks wherever the code base spells one.
+        let command = words.windows(2).any(|w| {
+            w[0] == "`loopx" && w[1].chars().next().is_some_and(|c| c.is_ascii_lowercase())
+        });
+        let flag = text.match_indices("--").any(|(at, _)| {
+            let before = text[..at].chars().next_back();
+            let after = text[at + 2..].chars().next();
+            !before.is_some_and(|c| c.is_alphanumeric() || c == '-')
+                && after.is_some_and(|c| c.is_ascii_lowercase())
+        });
+        command || flag
+    }
+
+    /// Below the CLI nothing spells a command line or a flag: a message names fields and
+    /// actions as values ([`crate::error::Message`]), and the CLI renders them.
+    #[test]
+    fn nothing_below_the_cli_spells_a_command_or_a_flag() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = vec![];
+        let mut dirs = vec![root.join("kernel"), root.join("model")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    files.push(path);
+                }
+            }
+        }
+        for name in [
+            "error.rs",
+            "action.rs",
+            "paths.rs",
+            "ids.rs",
+            "clock.rs",
+            "inert.rs",
+        ] {
+            files.push(root.join(name));
+        }
+        let mut found = vec![];
+        for file in files {
+            let source = std::fs::read_to_string(&file).unwrap();
+            for (line, text) in string_literals(&source) {
+                if speaks_cli(&text) {
+                    found.push(format!("{}:{line}: {text:?}", file.display()));
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "CLI text below the CLI:\n{}",
+            found.join("\n")
+        );
+    }
+
+    #[test]
+    fn the_scan_finds_commands_and_flags_and_nothing_else() {
+        let literals = string_literals(
+            "let a = \"run `loopx init` first\"; // \"--not-this\"\nlet b = r#\"pass --ttl-seconds\"#;\n\
+             let c = '\"'; let d = \"x -- y\"; let e = \"--\";",
+        );
+        let flagged: Vec<bool> = literals.iter().map(|(_, t)| speaks_cli(t)).collect();
+        assert_eq!(flagged, [true, true, false, false], "{literals:?}");
+    }
+
     #[test]
     fn an_action_reads_as_an_operation_with_its_data() {
         let action = NextAction::ListTodos {

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use super::todo::{MAX_TEXT, NewTodo, add_evidence, insert_new_todo};
 use super::{Actor, Kernel, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
-use crate::error::{Result, bad_input, conflict, refused};
+use crate::error::{Param, Result, bad_input, conflict, msg, refused};
 use crate::ids::validate_token;
 use crate::kernel::store::{ActiveMonitor, StoreRead, StoreTx};
 use crate::model::monitor::{DEFAULT_MAX_NO_CHANGE, MAX_EVERY_MS, MIN_EVERY_MS};
@@ -173,28 +173,37 @@ pub(crate) fn schedule_in_tx(tx: &dyn StoreRead, goal_id: &str, now: i64) -> Res
 
 fn check_spec(spec: &MonitorSpec, now: i64) -> Result<()> {
     if !(MIN_EVERY_MS..=MAX_EVERY_MS).contains(&spec.every_ms) {
-        return Err(bad_input(format!(
-            "a monitor's cadence (every) must be between 1s and 30d (got {} ms)",
-            spec.every_ms
-        )));
+        return Err(bad_input(msg![
+            "a monitor's cadence (",
+            Param::Every,
+            format!(") must be between 1s and 30d (got {} ms)", spec.every_ms)
+        ]));
     }
     if let Some(until) = spec.until_at
         && until <= now
     {
-        return Err(bad_input(format!(
-            "until {} is not in the future; pass a later time",
-            crate::clock::rfc3339(until)
-        )));
+        return Err(bad_input(msg![
+            Param::Until,
+            format!(
+                " {} is not in the future; pass a later time",
+                crate::clock::rfc3339(until)
+            )
+        ]));
     }
     if !(0..=MAX_NO_CHANGE_LIMIT).contains(&spec.max_no_change) {
-        return Err(bad_input(format!(
-            "max_no_change must be between 0 and {MAX_NO_CHANGE_LIMIT}"
-        )));
+        return Err(bad_input(msg![
+            Param::MaxNoChange,
+            format!(" must be between 0 and {MAX_NO_CHANGE_LIMIT}")
+        ]));
     }
     if let Some(t) = &spec.target
         && (t.trim().is_empty() || t.len() > 500)
     {
-        return Err(bad_input("a monitor's target must be 1 to 500 bytes"));
+        return Err(bad_input(msg![
+            "a monitor's ",
+            Param::Target,
+            " must be 1 to 500 bytes"
+        ]));
     }
     if let Some(p) = &spec.probe {
         check_probe(p)?;
@@ -244,11 +253,21 @@ pub(crate) fn apply_patch_in_tx(
         return Ok(None);
     }
     let Some(mut m) = tx.monitor(&todo.goal_id, &todo.id)? else {
-        return Err(bad_input(format!(
-            "todo '{}' is not a scheduled monitor; every, target, on_change, watch_only, \
-             max_no_change and probe apply to monitors (add one of kind monitor with a cadence)",
-            todo.id
-        )));
+        return Err(bad_input(msg![
+            format!("todo '{}' is not a scheduled monitor; ", todo.id),
+            Param::Every,
+            ", ",
+            Param::Target,
+            ", ",
+            Param::OnChange,
+            ", ",
+            Param::WatchOnly,
+            ", ",
+            Param::MaxNoChange,
+            " and ",
+            Param::Probe,
+            " apply to monitors (add one of kind monitor with a cadence)"
+        ]));
     };
     let mut spec = MonitorSpec {
         every_ms: patch.every_ms.unwrap_or(m.every_ms),
@@ -433,10 +452,22 @@ impl Kernel {
         spec: MonitorSpec,
     ) -> Result<(Todo, Monitor)> {
         if new.kind != TodoKind::Monitor {
-            return Err(bad_input(
-                "every, until, target, on_change, watch_only, max_no_change and probe apply to a \
-                 todo of kind monitor",
-            ));
+            return Err(bad_input(msg![
+                Param::Every,
+                ", ",
+                Param::Until,
+                ", ",
+                Param::Target,
+                ", ",
+                Param::OnChange,
+                ", ",
+                Param::WatchOnly,
+                ", ",
+                Param::MaxNoChange,
+                " and ",
+                Param::Probe,
+                " apply to a todo of kind monitor"
+            ]));
         }
         self.write(|tx| {
             let now = now_ms();
@@ -699,19 +730,25 @@ pub(crate) fn apply_update_in_tx(
     match until_at {
         Some(at) if todo.status == TodoStatus::Deferred => {
             if at <= now {
-                return Err(bad_input(format!(
-                    "until {} is not in the future; pass a later time",
-                    crate::clock::rfc3339(at)
-                )));
+                return Err(bad_input(msg![
+                    Param::Until,
+                    format!(
+                        " {} is not in the future; pass a later time",
+                        crate::clock::rfc3339(at)
+                    )
+                ]));
             }
             tx.set_deferral(&todo.goal_id, &todo.id, Some(at))?;
             Ok(true)
         }
-        Some(_) => Err(bad_input(format!(
-            "until applies to a monitor (when it ends) or a deferred todo (when it resumes); \
-             todo '{}' is {}: set its status to deferred with it",
-            todo.id, todo.status
-        ))),
+        Some(_) => Err(bad_input(msg![
+            Param::Until,
+            format!(
+                " applies to a monitor (when it ends) or a deferred todo (when it resumes); \
+                 todo '{}' is {}: set its status to deferred with it",
+                todo.id, todo.status
+            )
+        ])),
         None if status_changed && todo.status != TodoStatus::Deferred => {
             if tx.deferral(&todo.goal_id, &todo.id)?.is_some() {
                 tx.set_deferral(&todo.goal_id, &todo.id, None)?;

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
-use crate::error::{Result, bad_input, not_found};
+use crate::error::{NextAction, Param, Result, bad_input, msg, not_found};
 use crate::ids::validate_token;
 use crate::model::{LedgerEntry, LedgerKind, QuotaPolicy, wire_enum};
 
@@ -187,10 +187,10 @@ fn check_effect_id(effect_id: &str) -> Result<()> {
 
 fn check_spend_request(req: &SpendRequest) -> Result<()> {
     if req.slots < 1 || req.slots > 10_000 {
-        return Err(bad_input(format!(
-            "--slots {} is out of range: use 1..=10000",
-            req.slots
-        )));
+        return Err(bad_input(msg![
+            Param::Slots,
+            format!(" {} is out of range: use 1..=10000", req.slots)
+        ]));
     }
     if let Some(a) = &req.agent_id {
         validate_token("agent id", a)?;
@@ -215,15 +215,25 @@ pub(crate) fn spend_in_tx(
     let (effect_id, run_id) = match &req.effect_id {
         Some(e) => (e.clone(), None),
         None => {
-            let run = tx.latest_run(&req.goal_id, req.agent_id.as_deref())?.ok_or_else(|| {
-                not_found(format!(
-                    "no run to spend for in goal '{}'{}: run `loopx refresh-state --goal-id {}` after the \
-                     work, or pass --effect-id",
-                    req.goal_id,
-                    req.agent_id.as_ref().map(|a| format!(" by agent '{a}'")).unwrap_or_default(),
-                    req.goal_id
-                ))
-            })?;
+            let run = tx
+                .latest_run(&req.goal_id, req.agent_id.as_deref())?
+                .ok_or_else(|| {
+                    not_found(msg![
+                        format!(
+                            "no run to spend for in goal '{}'{}: run ",
+                            req.goal_id,
+                            req.agent_id
+                                .as_ref()
+                                .map(|a| format!(" by agent '{a}'"))
+                                .unwrap_or_default()
+                        ),
+                        NextAction::RecordRun {
+                            goal_id: req.goal_id.clone()
+                        },
+                        " after the work, or pass ",
+                        Param::EffectId
+                    ])
+                })?;
             (format!("run:{}", run.id), Some(run.id))
         }
     };
@@ -293,33 +303,39 @@ impl Kernel {
         patch: PolicyPatch,
     ) -> Result<QuotaView> {
         actor.require_operator("set quota policy")?;
-        for (name, v, range) in [
-            ("--compute", patch.compute, &COMPUTE),
-            ("--window-hours", patch.window_hours, &WINDOW_HOURS),
-            ("--slot-minutes", patch.slot_minutes, &SLOT_MINUTES),
+        for (param, v, range) in [
+            (Param::Compute, patch.compute, &COMPUTE),
+            (Param::WindowHours, patch.window_hours, &WINDOW_HOURS),
+            (Param::SlotMinutes, patch.slot_minutes, &SLOT_MINUTES),
         ] {
             if let Some(v) = v
                 && !range.contains(&v)
             {
-                return Err(bad_input(format!(
-                    "{name} is out of range; the valid range is {}..={}",
-                    range.start(),
-                    range.end()
-                )));
+                return Err(bad_input(msg![
+                    param,
+                    format!(
+                        " is out of range; the valid range is {}..={}",
+                        range.start(),
+                        range.end()
+                    )
+                ]));
             }
         }
-        for (name, v) in [
-            ("--allowed-slots", patch.allowed_slots),
-            ("--per-agent-cap", patch.per_agent_cap),
+        for (param, v) in [
+            (Param::AllowedSlots, patch.allowed_slots),
+            (Param::PerAgentCap, patch.per_agent_cap),
         ] {
             if let Some(v) = v
                 && !SLOT_COUNT.contains(&i128::from(v))
             {
-                return Err(bad_input(format!(
-                    "{name} is out of range; the valid range is {}..={}",
-                    SLOT_COUNT.start(),
-                    SLOT_COUNT.end()
-                )));
+                return Err(bad_input(msg![
+                    param,
+                    format!(
+                        " is out of range; the valid range is {}..={}",
+                        SLOT_COUNT.start(),
+                        SLOT_COUNT.end()
+                    )
+                ]));
             }
         }
         let view = self.write(|tx| {

@@ -12,7 +12,7 @@ use super::projection::GoalProjection;
 use super::quota::{QuotaView, view_in_tx};
 use super::{Actor, Kernel, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
-use crate::error::{Result, bad_input, not_found};
+use crate::error::{Param, Result, bad_input, msg};
 use crate::ids::{new_ulid, validate_token};
 use crate::model::{Evidence, Goal, Reward, Run};
 
@@ -222,22 +222,21 @@ impl Kernel {
         actor.require_operator("add a reward")?;
         validate_token("run id", run_id)?;
         if !score.is_finite() || score.abs() > 1e6 {
-            return Err(bad_input(format!(
-                "--score {score} must be a finite number within ±1000000"
-            )));
+            return Err(bad_input(msg![
+                Param::Score,
+                format!(" {score} must be a finite number within ±1000000")
+            ]));
         }
         if comment.len() > 4096 {
-            return Err(bad_input(format!(
-                "--comment is {} bytes; the limit is 4096",
-                comment.len()
-            )));
+            return Err(bad_input(msg![
+                Param::Comment,
+                format!(" is {} bytes; the limit is 4096", comment.len())
+            ]));
         }
         self.write(|tx| {
             require_goal(tx, goal_id)?;
             if tx.run(goal_id, run_id)?.is_none() {
-                return Err(not_found(format!(
-                    "unknown run '{run_id}' in goal '{goal_id}'; `loopx history --goal-id {goal_id}` lists its runs"
-                )));
+                return Err(super::unknown_run(goal_id, run_id));
             }
             let mut reward = Reward {
                 id: 0,
@@ -249,7 +248,13 @@ impl Kernel {
                 created_at: now_ms(),
             };
             reward.id = tx.insert_reward(&reward)?;
-            log_op(tx, Some(goal_id), actor, "reward_add", json!({"run_id": run_id, "score": score}))?;
+            log_op(
+                tx,
+                Some(goal_id),
+                actor,
+                "reward_add",
+                json!({"run_id": run_id, "score": score}),
+            )?;
             Ok(reward)
         })
     }

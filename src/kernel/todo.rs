@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::{Actor, Kernel, LeaseProof, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
-use crate::error::{Result, bad_input, conflict, not_found, refused};
+use crate::error::{NextAction, Param, Result, bad_input, conflict, msg, not_found, refused};
 use crate::ids::validate_token;
 use crate::kernel::store::StoreTx;
 use crate::model::{Evidence, GateScope, Priority, Role, Todo, TodoKind, TodoStatus};
@@ -126,10 +126,15 @@ pub(crate) fn authorize_write(todo: &Todo, actor: &Actor) -> Result<()> {
             "todo '{}' is claimed by agent '{}' (fence {}); agent '{agent_id}' may not write it",
             todo.id, c.agent_id, c.fence
         ))),
-        (Some(c), None) => Err(conflict(format!(
-            "todo '{}' is claimed; agent '{agent_id}' must prove its lease with --fence {} or --claim-key",
-            todo.id, c.fence
-        ))),
+        (Some(c), None) => Err(conflict(msg![
+            format!(
+                "todo '{}' is claimed; agent '{agent_id}' must prove its lease with ",
+                todo.id
+            ),
+            Param::Fence,
+            format!(" {} or ", c.fence),
+            Param::ClaimKey
+        ])),
         (Some(c), Some(LeaseProof::Fence(f))) if *f != c.fence => Err(conflict(format!(
             "stale fence {f} for todo '{}': the current lease (fence {}) was granted after yours; claim it again",
             todo.id, c.fence
@@ -149,10 +154,16 @@ pub(crate) fn authorize_write(todo: &Todo, actor: &Actor) -> Result<()> {
 
 fn refuse_gate_status_change(todo: &Todo) -> Result<()> {
     if todo.role == Role::User {
-        return Err(refused(format!(
-            "todo '{}' is a {}; only an operator resolves it, with `loopx gate resolve --goal-id {} --todo-id {}`",
-            todo.id, todo.kind, todo.goal_id, todo.id
-        )));
+        return Err(refused(msg![
+            format!(
+                "todo '{}' is a {}; only an operator resolves it, with ",
+                todo.id, todo.kind
+            ),
+            NextAction::ResolveGate {
+                goal_id: todo.goal_id.clone(),
+                todo_id: todo.id.clone(),
+            }
+        ]));
     }
     Ok(())
 }
@@ -166,9 +177,11 @@ pub(crate) fn insert_new_todo(
 ) -> Result<Todo> {
     let (prefix_priority, title) = split_priority_prefix(&new.title);
     if title.is_empty() {
-        return Err(bad_input(
-            "todo title is empty; pass --title \"what to do\"",
-        ));
+        return Err(bad_input(msg![
+            "todo title is empty; pass ",
+            Param::Title,
+            " \"what to do\""
+        ]));
     }
     check_len("todo title", &title, MAX_TITLE)?;
     check_len("todo detail", &new.detail, MAX_TEXT)?;
@@ -178,18 +191,26 @@ pub(crate) fn insert_new_todo(
     };
     match (new.kind, &new.gate_scope) {
         (TodoKind::UserGate, None) => {
-            return Err(bad_input(
-                "a user_gate needs a scope: pass --blocks-agent AGENT or --global-gate",
-            ));
+            return Err(bad_input(msg![
+                "a user_gate needs a scope: pass ",
+                Param::BlocksAgent,
+                " AGENT or ",
+                Param::GlobalGate
+            ]));
         }
         (TodoKind::UserGate, Some(GateScope::BlocksAgent { agent_id })) => {
             validate_token("agent id", agent_id)?
         }
         (TodoKind::UserGate, Some(GateScope::Global)) => {}
         (kind, Some(_)) => {
-            return Err(bad_input(format!(
-                "--blocks-agent/--global-gate apply only to --kind user_gate, not {kind}"
-            )));
+            return Err(bad_input(msg![
+                Param::BlocksAgent,
+                "/",
+                Param::GlobalGate,
+                " apply only to ",
+                Param::Kind,
+                format!(" user_gate, not {kind}")
+            ]));
         }
         (_, None) => {}
     }
@@ -412,7 +433,7 @@ impl Kernel {
         }
         if patch.status == Some(TodoStatus::Claimed) {
             return Err(bad_input(
-                "status 'claimed' is set by `loopx todo claim`, not by update",
+                "status 'claimed' is set by a claim, which grants the lease, not by update",
             ));
         }
         self.write(|tx| {
@@ -424,10 +445,13 @@ impl Kernel {
                 if !matches!(actor, Actor::Operator) {
                     refuse_gate_status_change(&todo)?;
                 } else if todo.role == Role::User && patch.status == Some(TodoStatus::Completed) {
-                    return Err(bad_input(format!(
-                        "todo '{todo_id}' is a {}; resolve it with `loopx gate resolve --goal-id {goal_id} --todo-id {todo_id}`",
-                        todo.kind
-                    )));
+                    return Err(bad_input(msg![
+                        format!("todo '{todo_id}' is a {}; resolve it with ", todo.kind),
+                        NextAction::ResolveGate {
+                            goal_id: goal_id.to_string(),
+                            todo_id: todo_id.to_string(),
+                        }
+                    ]));
                 }
             }
             if patch.status == Some(TodoStatus::Completed) {
@@ -531,13 +555,20 @@ impl Kernel {
             require_goal(tx, goal_id)?;
             let mut todo = require_todo(tx, goal_id, todo_id)?;
             if todo.role != Role::User {
-                return Err(bad_input(format!(
-                    "todo '{todo_id}' is an agent {} not a gate; `loopx gate list --goal-id {goal_id}` shows the gates",
-                    todo.kind
-                )));
+                return Err(bad_input(msg![
+                    format!("todo '{todo_id}' is an agent {} not a gate; ", todo.kind),
+                    NextAction::ListGates {
+                        goal_id: goal_id.to_string()
+                    },
+                    " shows the gates"
+                ]));
             }
             if todo.status.is_terminal() {
-                return Ok(TodoChange { todo, changed: false, evidence_id: None });
+                return Ok(TodoChange {
+                    todo,
+                    changed: false,
+                    evidence_id: None,
+                });
             }
             let now = now_ms();
             let decision = if approve { "approved" } else { "rejected" };
@@ -547,12 +578,26 @@ impl Kernel {
             };
             let evidence_id = add_evidence(tx, &todo, actor, &text, None, None, now)?;
             // A rejected gate is archived: dependency on it is never met, so gated work stays held.
-            todo.status = if approve { TodoStatus::Completed } else { TodoStatus::Archived };
+            todo.status = if approve {
+                TodoStatus::Completed
+            } else {
+                TodoStatus::Archived
+            };
             todo.status_reason = Some(decision.to_string());
             todo.updated_at = now;
             tx.update_todo(&todo)?;
-            log_op(tx, Some(goal_id), actor, "gate_resolve", json!({"todo_id": todo_id, "decision": decision}))?;
-            Ok(TodoChange { todo, changed: true, evidence_id: Some(evidence_id) })
+            log_op(
+                tx,
+                Some(goal_id),
+                actor,
+                "gate_resolve",
+                json!({"todo_id": todo_id, "decision": decision}),
+            )?;
+            Ok(TodoChange {
+                todo,
+                changed: true,
+                evidence_id: Some(evidence_id),
+            })
         })
     }
 }
