@@ -133,6 +133,41 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + day_of_era - 719_468
 }
 
+/// Milliseconds in a day (the clock has no leap seconds).
+pub const DAY_MS: i64 = 86_400_000;
+
+/// `YYYY-MM` of a time: the name of its month's run-report folder and archive files.
+pub fn month_label(ms: i64) -> String {
+    String::from_utf8_lossy(&Rfc3339(ms).render()[..7]).into_owned()
+}
+
+/// The first millisecond of the month `ms` falls in, and of the month after it.
+pub fn month_bounds(ms: i64) -> (i64, i64) {
+    let r = Rfc3339(ms).render();
+    let num = |a: usize, b: usize| -> i64 {
+        std::str::from_utf8(&r[a..b])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
+    let (y, m) = (num(0, 4), num(5, 7));
+    let start = days_from_civil(y, m, 1) * DAY_MS;
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    (start, days_from_civil(ny, nm, 1) * DAY_MS)
+}
+
+/// Every month that starts at or after `from`'s month and ends at or before `until`: the
+/// months wholly older than a cut-off.
+pub fn complete_months(from: i64, until: i64) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    let (mut start, mut end) = month_bounds(from);
+    while end <= until {
+        out.push((start, end));
+        (start, end) = month_bounds(end);
+    }
+    out
+}
+
 /// RFC 3339 UTC with millisecond precision, e.g. `2026-11-29T09:00:00.123Z`.
 pub fn rfc3339(ms: i64) -> String {
     Rfc3339(ms).to_string()
@@ -210,6 +245,26 @@ impl serde::Serialize for Rfc3339 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn month_bounds_cover_the_calendar() {
+        let t = 1_796_182_974_839; // 2026-12-02
+        let (s, e) = month_bounds(t);
+        assert_eq!(rfc3339(s), "2026-12-01T00:00:00.000Z");
+        assert_eq!(rfc3339(e), "2027-01-01T00:00:00.000Z");
+        assert_eq!(month_label(t), "2026-12");
+        let (s, e) = month_bounds(days_from_civil(2024, 2, 10) * DAY_MS);
+        assert_eq!((e - s) / DAY_MS, 29, "leap February");
+        let months = complete_months(days_from_civil(2025, 11, 20) * DAY_MS, t);
+        let labels: Vec<String> = months.iter().map(|m| month_label(m.0)).collect();
+        assert_eq!(
+            labels,
+            [
+                "2025-11", "2025-12", "2026-01", "2026-02", "2026-03", "2026-04", "2026-05",
+                "2026-06", "2026-07", "2026-08", "2026-09", "2026-10", "2026-11"
+            ]
+        );
+    }
 
     #[test]
     fn known_instants() {

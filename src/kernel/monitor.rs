@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::todo::{MAX_TEXT, NewTodo, add_evidence, insert_new_todo};
+use super::todo::write::{MAX_TEXT, NewTodo, add_evidence, insert_new_todo};
 use super::{Actor, Kernel, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
 use crate::error::{Param, Result, bad_input, conflict, msg, refused};
@@ -551,7 +551,7 @@ impl Kernel {
         self.write(|tx| {
             let now = now_ms();
             let (todo, mut m) = require_monitor(tx, goal_id, todo_id)?;
-            super::todo::authorize_write(&todo, actor)?;
+            super::todo::write::authorize_write(&todo, actor)?;
             if todo.status.is_terminal() {
                 return Err(refused(format!(
                     "monitor '{todo_id}' is {}; it records no more checks",

@@ -23,25 +23,13 @@ use serde_json::json;
 
 use super::store::{CompactableTurn, RetentionPolicy};
 use super::{Actor, Kernel, log_op};
-use crate::clock::{Rfc3339, now_ms};
+use crate::clock::{DAY_MS, Rfc3339, complete_months, month_label, now_ms};
 use crate::error::{LoopxError, Param, Result, bad_input, msg};
 use crate::model::compact_journal_data;
-
-/// The policy when the operator has set none: a week of finished work in the goal projections,
-/// full turn journals and one report file per run for 30 days, run payloads for a year.
-pub const DEFAULT_POLICY: RetentionPolicy = RetentionPolicy {
-    live_window_days: 7,
-    journal_full_days: 30,
-    keep_journal_bodies: false,
-    report_files_days: 30,
-    history_days: 365,
-};
 
 /// The longest span a policy may name (about a century): beyond it the cut-off would leave the
 /// range of the clock's arithmetic for no use.
 pub const MAX_DAYS: i64 = 36_500;
-
-const DAY_MS: i64 = 86_400_000;
 
 /// How many rows one `gc` transaction changes: small enough that a batch holds the write lock
 /// for milliseconds beside running loops, large enough that the operation log gets one row per
@@ -139,53 +127,9 @@ fn check_days(param: Param, days: i64) -> Result<()> {
 /// The policy in force given the stored row.
 fn in_force(stored: Option<RetentionPolicy>) -> PolicyView {
     PolicyView {
-        policy: stored.unwrap_or(DEFAULT_POLICY),
+        policy: stored.unwrap_or(RetentionPolicy::DEFAULT),
         stored: stored.is_some(),
     }
-}
-
-/// `YYYY-MM` of a time.
-pub(crate) fn month_label(ms: i64) -> String {
-    String::from_utf8_lossy(&Rfc3339(ms).render()[..7]).into_owned()
-}
-
-/// The first millisecond of the month `ms` falls in, and of the month after it.
-pub(crate) fn month_bounds(ms: i64) -> (i64, i64) {
-    let r = Rfc3339(ms).render();
-    let num = |a: usize, b: usize| -> i64 {
-        std::str::from_utf8(&r[a..b])
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0)
-    };
-    let (y, m) = (num(0, 4), num(5, 7));
-    let start = days_from_civil(y, m, 1) * DAY_MS;
-    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
-    (start, days_from_civil(ny, nm, 1) * DAY_MS)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (the inverse of the calendar arithmetic
-/// `clock::Rfc3339` renders with).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// Every month that starts at or after `from`'s month and ends at or before `until`: the
-/// months wholly older than a cut-off.
-pub(crate) fn complete_months(from: i64, until: i64) -> Vec<(i64, i64)> {
-    let mut out = Vec::new();
-    let (mut start, mut end) = month_bounds(from);
-    while end <= until {
-        out.push((start, end));
-        (start, end) = month_bounds(end);
-    }
-    out
 }
 
 /// Bytes a file takes on disk (its allocated blocks), 0 when it is gone.
@@ -494,26 +438,6 @@ fn json_len(v: &serde_json::Value) -> u64 {
 mod tests {
     use super::*;
     use crate::error::Part;
-
-    #[test]
-    fn month_bounds_cover_the_calendar() {
-        let t = 1_796_182_974_839; // 2026-12-02
-        let (s, e) = month_bounds(t);
-        assert_eq!(crate::clock::rfc3339(s), "2026-12-01T00:00:00.000Z");
-        assert_eq!(crate::clock::rfc3339(e), "2027-01-01T00:00:00.000Z");
-        assert_eq!(month_label(t), "2026-12");
-        let (s, e) = month_bounds(days_from_civil(2024, 2, 10) * DAY_MS);
-        assert_eq!((e - s) / DAY_MS, 29, "leap February");
-        let months = complete_months(days_from_civil(2025, 11, 20) * DAY_MS, t);
-        let labels: Vec<String> = months.iter().map(|m| month_label(m.0)).collect();
-        assert_eq!(
-            labels,
-            [
-                "2025-11", "2025-12", "2026-01", "2026-02", "2026-03", "2026-04", "2026-05",
-                "2026-06", "2026-07", "2026-08", "2026-09", "2026-10", "2026-11"
-            ]
-        );
-    }
 
     #[test]
     fn days_out_of_range_are_refused_naming_the_flag() {

@@ -86,7 +86,7 @@ impl LiveWindow {
         let policy = tx
             .retention()
             .retention_policy()?
-            .unwrap_or(super::retention::DEFAULT_POLICY);
+            .unwrap_or(crate::kernel::store::RetentionPolicy::DEFAULT);
         let days = policy.live_window_days;
         Ok((days, now.saturating_sub(days.saturating_mul(86_400_000))))
     }
@@ -390,7 +390,7 @@ impl Kernel {
     /// on demand ([`Kernel::run_report`]), and re-creating projections does not bring the files
     /// back.
     pub fn write_run_report(&self, run: &Run) -> Result<()> {
-        let month = super::retention::month_label(run.created_at);
+        let month = crate::clock::month_label(run.created_at);
         if self.paths().retired_reports(&run.goal_id, &month).exists() {
             return Ok(());
         }
@@ -451,7 +451,7 @@ impl Kernel {
         goal_id: &str,
         finished_since: i64,
     ) -> Result<()> {
-        use super::retention::{complete_months, month_bounds, month_label};
+        use crate::clock::{complete_months, month_bounds, month_label};
         let (this_month, _) = month_bounds(finished_since);
         let (last_start, _) = month_bounds(this_month - 1);
         let dir = self.paths().goal_archive_dir(goal_id);

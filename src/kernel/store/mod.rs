@@ -54,6 +54,19 @@ pub struct RetentionPolicy {
     pub history_days: i64,
 }
 
+impl RetentionPolicy {
+    /// The policy when the operator has set none: a week of finished work in the goal
+    /// projections, full turn journals and one report file per run for 30 days, run payloads for
+    /// a year.
+    pub const DEFAULT: RetentionPolicy = RetentionPolicy {
+        live_window_days: 7,
+        journal_full_days: 30,
+        keep_journal_bodies: false,
+        report_files_days: 30,
+        history_days: 365,
+    };
+}
+
 /// A settled turn's size as `gc` plans its compaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompactableTurn {
