@@ -6,8 +6,8 @@
 
 pub(crate) mod write;
 
-pub(crate) use write::{add_evidence, authorize_write, check_len, insert_new_todo};
 pub use write::{MAX_TEXT, MAX_TITLE, NewTodo, check_capability_name};
+pub(crate) use write::{add_evidence, authorize_write, check_len, insert_new_todo};
 
 use serde_json::json;
 
