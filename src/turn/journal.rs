@@ -63,7 +63,7 @@ pub struct SpendRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JournalData {
     pub schema_version: String,
-    /// The request JSON the host received on stdin.
+    /// The request JSON the host received on stdin, less its constant `result_schema`.
     pub request: Value,
     pub host_argv: Vec<String>,
     pub validate_argv: Option<Vec<String>>,

@@ -49,7 +49,7 @@ pub(crate) fn advance(
                             argv: &data.host_argv,
                             cwd: std::path::Path::new(&data.cwd),
                             env: side.env(rec, data),
-                            stdin: serde_json::to_vec(&data.request).expect("request serializes"),
+                            stdin: super::driver::host_stdin(&data.request),
                             timeout: Duration::from_millis(data.timeout_ms),
                             stdout_cap: MAX_STDOUT,
                             stderr_cap: MAX_STDERR_TAIL,

@@ -226,6 +226,16 @@ fn host_gets_request_on_stdin_and_turn_env() {
     assert_eq!(req["todo"]["capability"], "builtin:default");
     assert_eq!(req["agent_id"], "a1");
     assert!(req["claim"]["fence"].as_i64().unwrap() >= 1);
+    assert_eq!(
+        req["result_schema"]["schema_version"], "loopx.turn_result.v1",
+        "the host reads the result format"
+    );
+    // The journal keeps what the host read less the constant result schema, which it adds back
+    // when it starts a host: a kilobyte per turn that buys nothing on disk.
+    let mut journaled = p.journal(key)["data"]["request"].clone();
+    assert!(journaled.get("result_schema").is_none(), "{journaled}");
+    journaled["result_schema"] = req["result_schema"].clone();
+    assert_eq!(journaled, req);
     let env = std::fs::read_to_string(p.file("env.txt")).unwrap();
     for want in [
         "LOOPX_GOAL_ID=g".to_string(),
