@@ -430,7 +430,26 @@ fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
 
+/// Set in the child process that seeds the projects (see `main`).
+const SEED_ENV: &str = "LOOPX_BENCH_LONG_PROJECT_SEEDER";
+
+/// The seeding child: `<fresh> <long> <template> <history>`.
+fn seed_projects(args: &[String]) {
+    let [fresh, long, template, history] = args else {
+        panic!("seeder arguments: {args:?}");
+    };
+    drop(project(Path::new(fresh)));
+    let mut k = project(Path::new(long));
+    let mut t = project(Path::new(template));
+    add_history(&mut k, &mut t, history.parse().unwrap());
+}
+
 fn main() {
+    if std::env::var_os(SEED_ENV).is_some() {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        seed_projects(&args[args.len() - 4..]);
+        return;
+    }
     let base = std::env::var_os("LOOPX_BENCH_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
@@ -446,15 +465,20 @@ fn main() {
         (Dir::Temp(fresh), Dir::Temp(long))
     };
     let seeding = Instant::now();
-    drop(project(fresh.path()));
-    let mut k = project(long.path());
-    let mut t = project(template.path());
     let history = std::env::var("LOOPX_BENCH_HISTORY")
         .ok()
         .map(|v| v.parse().expect("LOOPX_BENCH_HISTORY is a number"))
         .unwrap_or(HISTORY);
-    add_history(&mut k, &mut t, history);
-    drop((k, t));
+    // Seeded by a child process of this binary: a child's peak RSS as `wait4` reports it starts
+    // at its parent's high-water mark (the child shares the parent's memory until it execs), so
+    // the process that spawns the measured commands must never have grown.
+    let seeder = Command::new(std::env::current_exe().unwrap())
+        .env(SEED_ENV, "1")
+        .args([fresh.path(), long.path(), template.path()])
+        .arg(history.to_string())
+        .status()
+        .unwrap();
+    assert!(seeder.success(), "seeding failed");
     let db_bytes = std::fs::metadata(long.path().join(".loopx/loopx.db"))
         .map(|m| m.len())
         .unwrap_or(0);
