@@ -149,8 +149,7 @@ impl<M: Mode> MonitorRead for SqliteTx<'_, M> {
 
     fn next_lease_expiry(&self, goal_id: &str, now: i64) -> Result<Option<i64>> {
         self.db.query_one(
-            "SELECT MIN(claim_expires_at) FROM todos WHERE goal_id = ?1 AND status = 'claimed' \
-             AND claim_expires_at > ?2",
+            NEXT_LEASE_EXPIRY,
             params![goal_id, now],
             |r| r.get(0),
             "reading the next lease expiry",
@@ -223,3 +222,8 @@ impl MonitorTx for SqliteTx<'_, Write> {
         Ok(())
     }
 }
+
+/// The earliest lease expiry after `?2` of the goal's claimed todos: one probe of
+/// `todos_by_expiry` (migration 9), whatever the goal's history.
+pub(super) const NEXT_LEASE_EXPIRY: &str = "SELECT MIN(claim_expires_at) FROM todos \
+     WHERE goal_id = ?1 AND status = 'claimed' AND claim_expires_at > ?2";

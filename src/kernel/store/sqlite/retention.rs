@@ -10,6 +10,18 @@ use crate::kernel::store::{CompactableTurn, RetentionPolicy, RetentionRead, Rete
 /// status.
 const TERMINAL: &str = "('completed', 'archived')";
 
+/// The most finished todos of one status the goal projections list (the rest are counted).
+pub(crate) const LIVE_FINISHED_PER_STATUS: i64 = 100;
+
+/// The newest todos of a terminal `status` written at or after `?3`, at most `?4`.
+fn newest_finished(status: &str) -> String {
+    format!(
+        "SELECT view_key, view_json, view_md, id, view_format IS ?2 AND claim_agent IS NULL \
+         FROM todos WHERE goal_id = ?1 AND status = '{status}' AND updated_at >= ?3 \
+         ORDER BY updated_at DESC LIMIT ?4"
+    )
+}
+
 impl Db<'_> {
     fn retention_policy(&self) -> Result<Option<RetentionPolicy>> {
         self.query_opt(
@@ -168,7 +180,9 @@ impl Db<'_> {
     }
 
     /// The live-window variant of `for_each_projected_todo`: open todos, then the terminal ones
-    /// written at or after `finished_since`, each part one range of `todos_by_finish`.
+    /// written at or after `finished_since`, at most [`LIVE_FINISHED_PER_STATUS`] of each status,
+    /// newest first: each part one range of `todos_by_finish` walked from its end, so a goal that
+    /// finishes thousands of todos a day renders the same few hundred lines.
     pub(super) fn for_each_live_projected_todo(
         &self,
         goal_id: &str,
@@ -181,13 +195,18 @@ impl Db<'_> {
             .prepare_cached(&format!(
                 "SELECT view_key, view_json, view_md, id, view_format IS ?2 AND claim_agent IS NULL \
                  FROM todos WHERE goal_id = ?1 AND status NOT IN {TERMINAL} \
-                 UNION ALL \
-                 SELECT view_key, view_json, view_md, id, view_format IS ?2 AND claim_agent IS NULL \
-                 FROM todos WHERE goal_id = ?1 AND status IN {TERMINAL} AND updated_at >= ?3"
+                 UNION ALL SELECT * FROM ({finished}) UNION ALL SELECT * FROM ({archived})",
+                finished = newest_finished("completed"),
+                archived = newest_finished("archived"),
             ))
             .map_err(self.err("listing live projected todos"))?;
         let mut rows = stmt
-            .query(params![goal_id, format, finished_since])
+            .query(params![
+                goal_id,
+                format,
+                finished_since,
+                LIVE_FINISHED_PER_STATUS
+            ])
             .map_err(self.err("listing live projected todos"))?;
         let mut uncached: Vec<String> = Vec::new();
         while let Some(row) = rows

@@ -381,3 +381,79 @@ fn cached_lines_are_served_only_while_valid() {
     );
     tx.commit().unwrap();
 }
+
+/// The goal projections list every open todo but only the newest finished ones of each status,
+/// however many the window holds: their cost does not grow with how fast a goal finishes work.
+#[test]
+fn the_live_window_lists_the_newest_finished_todos_up_to_its_cap() {
+    use super::retention::LIVE_FINISHED_PER_STATUS;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+    let finished = LIVE_FINISHED_PER_STATUS as usize + 50;
+    {
+        let tx = store.begin_write().unwrap();
+        tx.insert_goal(&goal()).unwrap();
+        tx.insert_todo(&todo("open", Priority::P2, None, false))
+            .unwrap();
+        for i in 0..finished {
+            tx.insert_todo(&Todo {
+                status: TodoStatus::Completed,
+                updated_at: 1_000 + i as i64,
+                ..todo(&format!("done{i}"), Priority::P2, None, false)
+            })
+            .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let read = store.begin_read().unwrap();
+    let tx = read.projection_cache().expect("SQLite caches projections");
+    let mut listed = Vec::new();
+    tx.for_each_live_projected_todo("g", 1, 0, &mut |t| {
+        if let ProjectedTodo::Uncached(todo, _) = t {
+            listed.push(todo.id.clone());
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(listed.len(), 1 + LIVE_FINISHED_PER_STATUS as usize);
+    assert!(listed.contains(&"open".to_string()));
+    assert!(
+        listed.contains(&format!("done{}", finished - 1)),
+        "the newest"
+    );
+    assert!(
+        !listed.contains(&"done0".to_string()),
+        "the oldest is counted, not listed"
+    );
+    // The window still bounds it: nothing finished before `finished_since` is listed.
+    let mut recent = 0;
+    tx.for_each_live_projected_todo("g", 1, 1_000 + finished as i64 - 10, &mut |_| {
+        recent += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(recent, 1 + 10);
+}
+
+#[test]
+fn the_next_lease_expiry_is_one_index_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+    let plan: Vec<String> = store
+        .conn
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            super::monitors::NEXT_LEASE_EXPIRY
+        ))
+        .unwrap()
+        .query_map(["g", "0"], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert!(
+        plan.iter().any(|step| step.contains(
+            "USING COVERING INDEX todos_by_expiry (goal_id=? AND status=? AND claim_expires_at>?)"
+        )),
+        "{plan:?}"
+    );
+}
