@@ -89,7 +89,7 @@ impl<M: Mode> MonitorRead for SqliteTx<'_, M> {
             .conn
             .prepare_cached(&format!(
                 "SELECT {MONITOR_COLUMNS}, t.status, t.last_fence, t.updated_at, t.claim_expires_at \
-                 FROM monitors m JOIN todos t ON t.goal_id = m.goal_id AND t.id = m.todo_id \
+                 FROM monitors m CROSS JOIN todos t ON t.goal_id = m.goal_id AND t.id = m.todo_id \
                  WHERE m.goal_id = ?1 AND t.status NOT IN ('completed', 'archived') \
                  ORDER BY m.next_due_at, m.todo_id"
             ))
@@ -117,7 +117,7 @@ impl<M: Mode> MonitorRead for SqliteTx<'_, M> {
 
     fn active_monitor_count(&self, goal_id: &str) -> Result<i64> {
         self.db.query_one(
-            "SELECT COUNT(*) FROM monitors m JOIN todos t ON t.goal_id = m.goal_id AND t.id = m.todo_id \
+            "SELECT COUNT(*) FROM monitors m CROSS JOIN todos t ON t.goal_id = m.goal_id AND t.id = m.todo_id \
              WHERE m.goal_id = ?1 AND t.status NOT IN ('completed', 'archived')",
             [goal_id],
             |r| r.get(0),
@@ -138,7 +138,7 @@ impl<M: Mode> MonitorRead for SqliteTx<'_, M> {
         self.db.query_all(
             &format!(
                 "SELECT d.goal_id, d.todo_id, d.until_at FROM todo_deferrals d \
-                 JOIN todos t ON t.goal_id = d.goal_id AND t.id = d.todo_id \
+                 CROSS JOIN todos t ON t.goal_id = d.goal_id AND t.id = d.todo_id \
                  WHERE d.goal_id = ?1 AND t.status = 'deferred' ORDER BY d.until_at, d.todo_id LIMIT {limit}"
             ),
             [goal_id],

@@ -8,6 +8,8 @@ use crate::kernel::store::{CompactableTurn, RetentionPolicy, RetentionRead, Rete
 
 /// The terminal statuses (`TodoStatus::is_terminal`) as SQL: `todos_by_finish` is walked per
 /// status.
+use super::todos::LIVE_STATUSES;
+
 const TERMINAL: &str = "('completed', 'archived')";
 
 /// The most finished todos of one status the goal projections list (the rest are counted).
@@ -182,7 +184,8 @@ impl Db<'_> {
     /// The live-window variant of `for_each_projected_todo`: open todos, then the terminal ones
     /// written at or after `finished_since`, at most [`LIVE_FINISHED_PER_STATUS`] of each status,
     /// newest first: each part one range of `todos_by_finish` walked from its end, so a goal that
-    /// finishes thousands of todos a day renders the same few hundred lines.
+    /// finishes thousands of todos a day renders the same few hundred lines. Without `INDEXED BY`
+    /// SQLite (no statistics) walked every todo of the goal by primary key for the live part.
     pub(super) fn for_each_live_projected_todo(
         &self,
         goal_id: &str,
@@ -194,7 +197,7 @@ impl Db<'_> {
             .conn
             .prepare_cached(&format!(
                 "SELECT view_key, view_json, view_md, id, view_format IS ?2 AND claim_agent IS NULL \
-                 FROM todos WHERE goal_id = ?1 AND status NOT IN {TERMINAL} \
+                 FROM todos INDEXED BY todos_by_finish WHERE goal_id = ?1 AND status IN {LIVE_STATUSES} \
                  UNION ALL SELECT * FROM ({finished}) UNION ALL SELECT * FROM ({archived})",
                 finished = newest_finished("completed"),
                 archived = newest_finished("archived"),

@@ -457,3 +457,17 @@ fn the_next_lease_expiry_is_one_index_probe() {
         "{plan:?}"
     );
 }
+
+/// The live statuses and the finished ones are every status, once.
+#[test]
+fn live_and_terminal_statuses_partition_the_statuses() {
+    let live = super::todos::LIVE_STATUSES;
+    for status in TodoStatus::ALL {
+        let quoted = format!("'{status}'");
+        assert_ne!(
+            live.contains(&quoted),
+            status.is_terminal(),
+            "{status} must be in exactly one of the live statuses and the terminal ones"
+        );
+    }
+}
