@@ -35,12 +35,11 @@ use loopx::kernel::Actor;
 use loopx::kernel::goal::NewGoal;
 use loopx::kernel::quota::PolicyPatch;
 use loopx::model::{
-    Evidence, JournalStatus, LedgerEntry, LedgerKind, Priority, Role, Run, Todo, TodoKind,
-    TodoStatus,
+    Evidence, JournalStatus, LedgerEntry, LedgerKind, Priority, Run, Todo, TodoStatus,
 };
 use loopx::paths::ProjectPaths;
 use loopx::runtime::{TurnRequest, TurnResultKind, run_turn};
-use support::{LOOPX, fsync_samples, median, spawn_samples};
+use support::{LOOPX, fsync_samples, median, open_todo, spawn_samples};
 
 /// Settled turns in the long project; `LOOPX_BENCH_HISTORY` sets another number for a quick try.
 const HISTORY: usize = 100_000;
@@ -99,28 +98,6 @@ fn run(dir: &Path, args: &[&str]) -> Finished {
     }
 }
 
-fn open_todo(id: String, rank: i64, now: i64) -> Todo {
-    Todo {
-        id,
-        goal_id: "bench".into(),
-        role: Role::Agent,
-        kind: TodoKind::Task,
-        title: "bench todo".into(),
-        detail: String::new(),
-        priority: Priority::from_rank(rank),
-        status: TodoStatus::Open,
-        depends_on: Vec::new(),
-        capability: None,
-        lane: None,
-        gate_scope: None,
-        claim: None,
-        last_fence: 0,
-        status_reason: None,
-        created_at: now,
-        updated_at: now,
-    }
-}
-
 /// A project with goal `bench` under a 30-day window with room for every spend, the tick's todos
 /// `t1`.. (P4, claimed by id) and the turns' todos `w1`.. (P1, picked as the next ready work).
 fn project(dir: &Path) -> Kernel {
@@ -148,10 +125,20 @@ fn project(dir: &Path) -> Kernel {
     let now = loopx::clock::now_ms();
     k.write(|tx| {
         for i in 1..=TICK_TODOS {
-            tx.insert_todo(&open_todo(format!("t{i}"), 4, now))?;
+            tx.insert_todo(&open_todo(
+                format!("t{i}"),
+                "bench todo".into(),
+                Priority::P4,
+                now,
+            ))?;
         }
         for i in 1..=TURN_TODOS {
-            tx.insert_todo(&open_todo(format!("w{i}"), 1, now))?;
+            tx.insert_todo(&open_todo(
+                format!("w{i}"),
+                "bench todo".into(),
+                Priority::P1,
+                now,
+            ))?;
         }
         Ok(())
     })

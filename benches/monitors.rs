@@ -15,8 +15,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use loopx::kernel::monitor::MonitorSpec;
-use loopx::model::{Monitor, MonitorFollowUp, Priority, Role, Todo, TodoKind, TodoStatus};
-use support::{loopx, median, seed, spawn_samples};
+use loopx::model::{Monitor, MonitorFollowUp, Priority, Todo, TodoKind};
+use support::{loopx, median, open_todo, seed, spawn_samples};
 
 const TODOS: usize = 1_000;
 const MONITORS: usize = 1_000;
@@ -33,23 +33,13 @@ fn add_monitors(dir: &Path, due: usize, first: bool) {
         for i in 0..MONITORS {
             let id = format!("m{}", i + 1);
             tx.insert_todo(&Todo {
-                id: id.clone(),
-                goal_id: "bench".into(),
-                role: Role::Agent,
                 kind: TodoKind::Monitor,
-                title: format!("watch metric {i}"),
-                detail: String::new(),
-                priority: if first { Priority::P0 } else { Priority::P3 },
-                status: TodoStatus::Open,
-                depends_on: Vec::new(),
-                capability: None,
-                lane: None,
-                gate_scope: None,
-                claim: None,
-                last_fence: 0,
-                status_reason: None,
-                created_at: now,
-                updated_at: now,
+                ..open_todo(
+                    id.clone(),
+                    format!("watch metric {i}"),
+                    if first { Priority::P0 } else { Priority::P3 },
+                    now,
+                )
             })?;
             tx.upsert_monitor(&Monitor {
                 goal_id: "bench".into(),

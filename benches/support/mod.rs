@@ -35,25 +35,12 @@ pub fn seed(dir: &Path, todos: usize, history: usize) -> Kernel {
     let now = loopx::clock::now_ms();
     k.write(|tx| {
         for i in 0..todos {
-            tx.insert_todo(&Todo {
-                id: format!("t{}", i + 1),
-                goal_id: "bench".into(),
-                role: Role::Agent,
-                kind: TodoKind::Task,
-                title: format!("bench todo {i}"),
-                detail: String::new(),
-                priority: Priority::from_rank((i % 5) as i64),
-                status: TodoStatus::Open,
-                depends_on: Vec::new(),
-                capability: None,
-                lane: None,
-                gate_scope: None,
-                claim: None,
-                last_fence: 0,
-                status_reason: None,
-                created_at: now,
-                updated_at: now,
-            })?;
+            tx.insert_todo(&open_todo(
+                format!("t{}", i + 1),
+                format!("bench todo {i}"),
+                Priority::from_rank((i % 5) as i64),
+                now,
+            ))?;
         }
         for i in 0..history {
             tx.insert_run(&Run {
@@ -72,6 +59,29 @@ pub fn seed(dir: &Path, todos: usize, history: usize) -> Kernel {
     })
     .unwrap();
     k
+}
+
+/// An open agent task of goal `bench`, as every bench seeds them.
+pub fn open_todo(id: String, title: String, priority: Priority, now: i64) -> Todo {
+    Todo {
+        id,
+        goal_id: "bench".into(),
+        role: Role::Agent,
+        kind: TodoKind::Task,
+        title,
+        detail: String::new(),
+        priority,
+        status: TodoStatus::Open,
+        depends_on: Vec::new(),
+        capability: None,
+        lane: None,
+        gate_scope: None,
+        claim: None,
+        last_fence: 0,
+        status_reason: None,
+        created_at: now,
+        updated_at: now,
+    }
 }
 
 /// Runs `cmd` to completion, capturing its output, and returns the time from spawn to exit. Every

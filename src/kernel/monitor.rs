@@ -18,10 +18,38 @@ use sha2::{Digest, Sha256};
 use super::todo::write::{MAX_TEXT, NewTodo, add_evidence, insert_new_todo};
 use super::{Actor, Kernel, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
-use crate::error::{Param, Result, bad_input, conflict, msg, refused};
+use crate::error::{Message, Param, Part, Result, bad_input, conflict, msg, refused};
 use crate::ids::validate_token;
 use crate::kernel::store::{ActiveMonitor, StoreRead, StoreTx};
 use crate::model::monitor::{DEFAULT_MAX_NO_CHANGE, MAX_EVERY_MS, MIN_EVERY_MS};
+
+/// The fields that only a monitor's schedule takes (`until` also ends a deferral).
+const SCHEDULE_FIELDS: [Param; 7] = [
+    Param::Every,
+    Param::Until,
+    Param::Target,
+    Param::OnChange,
+    Param::WatchOnly,
+    Param::MaxNoChange,
+    Param::Probe,
+];
+
+/// `prefix` + "every, until, ... and probe" + `suffix`, the fields as values.
+fn schedule_fields_message(prefix: String, fields: &[Param], suffix: &str) -> Message {
+    let mut parts = vec![Part::from(prefix)];
+    for (i, field) in fields.iter().enumerate() {
+        if i > 0 {
+            parts.push(Part::from(if i + 1 == fields.len() {
+                " and "
+            } else {
+                ", "
+            }));
+        }
+        parts.push(Part::from(*field));
+    }
+    parts.push(Part::from(suffix));
+    Message::from_parts(parts)
+}
 use crate::model::{
     CheckResult, Monitor, MonitorFollowUp, Priority, ProbeSpec, Todo, TodoKind, TodoStatus,
 };
@@ -253,21 +281,15 @@ pub(crate) fn apply_patch_in_tx(
         return Ok(None);
     }
     let Some(mut m) = tx.monitor(&todo.goal_id, &todo.id)? else {
-        return Err(bad_input(msg![
+        return Err(bad_input(schedule_fields_message(
             format!("todo '{}' is not a scheduled monitor; ", todo.id),
-            Param::Every,
-            ", ",
-            Param::Target,
-            ", ",
-            Param::OnChange,
-            ", ",
-            Param::WatchOnly,
-            ", ",
-            Param::MaxNoChange,
-            " and ",
-            Param::Probe,
-            " apply to monitors (add one of kind monitor with a cadence)"
-        ]));
+            &SCHEDULE_FIELDS[..1]
+                .iter()
+                .chain(&SCHEDULE_FIELDS[2..])
+                .copied()
+                .collect::<Vec<_>>(),
+            " apply to monitors (add one of kind monitor with a cadence)",
+        )));
     };
     let mut spec = MonitorSpec {
         every_ms: patch.every_ms.unwrap_or(m.every_ms),
@@ -452,22 +474,11 @@ impl Kernel {
         spec: MonitorSpec,
     ) -> Result<(Todo, Monitor)> {
         if new.kind != TodoKind::Monitor {
-            return Err(bad_input(msg![
-                Param::Every,
-                ", ",
-                Param::Until,
-                ", ",
-                Param::Target,
-                ", ",
-                Param::OnChange,
-                ", ",
-                Param::WatchOnly,
-                ", ",
-                Param::MaxNoChange,
-                " and ",
-                Param::Probe,
-                " apply to a todo of kind monitor"
-            ]));
+            return Err(bad_input(schedule_fields_message(
+                String::new(),
+                &SCHEDULE_FIELDS,
+                " apply to a todo of kind monitor",
+            )));
         }
         self.write(|tx| {
             let now = now_ms();

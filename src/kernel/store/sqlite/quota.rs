@@ -215,18 +215,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
         let tx = store.begin_write().unwrap();
-        tx.insert_goal(&Goal {
-            id: "g".into(),
-            title: "G".into(),
-            objective: "o".into(),
-            success_criteria: Vec::new(),
-            status: GoalStatus::Active,
-            project_dir: None,
-            next_probe: None,
-            created_at: 1,
-            updated_at: 1,
-        })
-        .unwrap();
+        tx.insert_goal(&super::super::tests::goal()).unwrap();
         tx.commit().unwrap();
         (dir, store)
     }

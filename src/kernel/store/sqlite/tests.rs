@@ -5,7 +5,8 @@ use super::projection_cache::{pack_view_key, unpack_view_key};
 use super::todos::OPEN_USER_TODO_IDS;
 use super::*;
 
-fn goal() -> Goal {
+/// Goal `g`, the fixture of this backend's unit tests (here and in the modules' own tests).
+pub(super) fn goal() -> Goal {
     Goal {
         id: "g".into(),
         title: "G".into(),
