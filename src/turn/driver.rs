@@ -24,7 +24,7 @@ use super::outcome::{TurnOutcome, stored_outcome};
 use super::phases::advance;
 use super::recovery::{recover, recover_one};
 use super::request::{LEASE_MARGIN_SECONDS, TurnRequest, check_request};
-use super::result::{REQUEST_SCHEMA, result_schema_hint};
+use super::result::REQUEST_SCHEMA;
 use crate::clock::{now_ms, rfc3339};
 use crate::error::{LoopxError, Result, conflict};
 use crate::ids::new_ulid;
@@ -225,7 +225,7 @@ fn initial_journal(req: &TurnRequest, launch: &Launch, grant: &TurnGrant) -> Jou
 
 /// The `loopx.turn_request.v1` document the host reads on stdin, as the journal keeps it: without
 /// `result_schema`, the same constant text for every turn of this binary, which
-/// [`host_stdin`] adds when the host is started (about a kilobyte per turn the journal need not
+/// [`super::result::host_stdin`] adds when the host is started (about a kilobyte per turn the journal need not
 /// hold).
 fn host_request(
     req: &TurnRequest,
@@ -262,15 +262,6 @@ fn host_request(
         "deadline_seconds": req.timeout_seconds,
         "validator": req.validate_argv.is_some(),
     })
-}
-
-/// The bytes the host reads on stdin: the journal's request with the result schema.
-pub(super) fn host_stdin(request: &Value) -> Vec<u8> {
-    let mut request = request.clone();
-    if let Some(fields) = request.as_object_mut() {
-        fields.insert("result_schema".to_string(), result_schema_hint());
-    }
-    serde_json::to_vec(&request).expect("request serializes")
 }
 
 /// Rewrites the goal's `state.json` / `STATE.md` projections. The driver itself does not (they

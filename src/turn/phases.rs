@@ -10,7 +10,7 @@ use super::agent_side::AgentSide;
 use super::commit::{commit_phase, fail, unexpected};
 use super::host::{ProcessOutcome, ProcessSpec, run_process};
 use super::journal::{JournalData, SpendRecord, ValidationRecord, next_phase};
-use super::result::{HostStatus, MAX_STDERR_TAIL, MAX_STDOUT, parse_result};
+use super::result::{HostStatus, MAX_STDERR_TAIL, MAX_STDOUT, host_stdin, parse_result};
 use super::settle::{closeout, writeback};
 use super::{JournalStatus, Phase, TurnResultKind};
 use crate::error::Result;
@@ -49,7 +49,7 @@ pub(crate) fn advance(
                             argv: &data.host_argv,
                             cwd: std::path::Path::new(&data.cwd),
                             env: side.env(rec, data),
-                            stdin: super::driver::host_stdin(&data.request),
+                            stdin: host_stdin(&data.request),
                             timeout: Duration::from_millis(data.timeout_ms),
                             stdout_cap: MAX_STDOUT,
                             stderr_cap: MAX_STDERR_TAIL,

@@ -226,6 +226,16 @@ fn check_result(r: &HostResult, turn_key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The bytes the host reads on stdin: the journal's request with the result schema, which the
+/// journal does not keep (the same text for every turn of this binary).
+pub(super) fn host_stdin(request: &Value) -> Vec<u8> {
+    let mut request = request.clone();
+    if let Some(fields) = request.as_object_mut() {
+        fields.insert("result_schema".to_string(), result_schema_hint());
+    }
+    serde_json::to_vec(&request).expect("request serializes")
+}
+
 /// The schema hint sent in every request, so a host can be written from the request alone.
 pub fn result_schema_hint() -> Value {
     json!({
