@@ -109,6 +109,50 @@ impl QuotaView {
     }
 }
 
+/// How many equal spans of time `quota show` splits the rolling window into for its spend
+/// series: half-hours of the default day-long window, and an answer that stays small.
+pub const SPEND_SERIES_BUCKETS: usize = 48;
+
+/// A goal's net spend over its current rolling window, in [`SPEND_SERIES_BUCKETS`] equal spans
+/// of time, oldest first: what the dashboard plots against the limit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SpendSeries {
+    /// The window's start (ms): the first bucket starts here.
+    pub from: i64,
+    /// The millisecond after now: the last bucket ends here (exclusive), so a spend made at the
+    /// moment of the read is in it.
+    pub to: i64,
+    /// Net slots (spends minus voids) of the ledger rows dated in each bucket.
+    pub net_slots: Vec<i64>,
+}
+
+impl SpendSeries {
+    pub fn to_json(&self) -> Value {
+        let buckets = self.net_slots.len().max(1) as f64;
+        json!({
+            "window_start": crate::clock::rfc3339(self.from),
+            "window_end": crate::clock::rfc3339(self.to),
+            "bucket_seconds": (self.to - self.from) as f64 / buckets / 1000.0,
+            "net_slots": self.net_slots,
+        })
+    }
+}
+
+/// The goal's [`SpendSeries`] at `now`, over the window its policy sets.
+pub(crate) fn spend_series_in_tx(
+    tx: &dyn crate::kernel::store::StoreRead,
+    goal_id: &str,
+    now: i64,
+) -> Result<SpendSeries> {
+    let policy = tx.quota_policy(goal_id)?.unwrap_or_default();
+    let (from, to) = (now - policy.window_ms(), now + 1);
+    Ok(SpendSeries {
+        from,
+        to,
+        net_slots: tx.spend_series(goal_id, from, to, SPEND_SERIES_BUCKETS)?,
+    })
+}
+
 /// Changes to a goal's policy; unset fields keep their value.
 #[derive(Debug, Clone, Default)]
 pub struct PolicyPatch {
@@ -291,6 +335,24 @@ impl Kernel {
             Ok((
                 view_in_tx(tx, goal_id, agent_id, now_ms())?,
                 tx.recent_ledger(goal_id, 20)?,
+            ))
+        })
+    }
+
+    /// [`Kernel::quota`] and the goal's [`SpendSeries`], read in one snapshot at one `now`, so
+    /// the series sums to the view's spent slots.
+    pub fn quota_with_series(
+        &self,
+        goal_id: &str,
+        agent_id: Option<&str>,
+    ) -> Result<(QuotaView, Vec<LedgerEntry>, SpendSeries)> {
+        self.read(|tx| {
+            require_goal(tx, goal_id)?;
+            let now = now_ms();
+            Ok((
+                view_in_tx(tx, goal_id, agent_id, now)?,
+                tx.recent_ledger(goal_id, 20)?,
+                spend_series_in_tx(tx, goal_id, now)?,
             ))
         })
     }
@@ -505,5 +567,55 @@ mod tests {
             },
         )
         .unwrap();
+    }
+
+    /// `quota show`'s series covers the policy's window in 48 buckets ending now, holds a spend
+    /// made just before in its last bucket, nets a void against its spend, and sums to the
+    /// view's spent slots read in the same snapshot; a window set shorter moves its start.
+    #[test]
+    fn the_spend_series_covers_the_window_and_sums_to_the_spent_slots() {
+        let (_dir, mut k) = crate::kernel::test_project::with_goal_g();
+        for (effect, slots) in [("e1", 2), ("e2", 3)] {
+            k.spend(
+                &Actor::Operator,
+                &SpendRequest {
+                    goal_id: "g".into(),
+                    agent_id: Some("a".into()),
+                    slots,
+                    effect_id: Some(effect.into()),
+                },
+            )
+            .unwrap();
+        }
+        k.void_spend(&Actor::Operator, "g", "e1").unwrap();
+        let (view, _, series) = k.quota_with_series("g", None).unwrap();
+        assert_eq!(series.net_slots.len(), SPEND_SERIES_BUCKETS);
+        let window = QuotaPolicy::default().window_ms();
+        assert_eq!(series.to - series.from, window + 1);
+        assert_eq!(series.net_slots.iter().sum::<i64>(), view.spent_slots);
+        assert_eq!(view.spent_slots, 3);
+        assert_eq!(series.net_slots[SPEND_SERIES_BUCKETS - 1], 3);
+        assert!(
+            series.net_slots[..SPEND_SERIES_BUCKETS - 1]
+                .iter()
+                .all(|&n| n == 0)
+        );
+        let json = series.to_json();
+        assert_eq!(
+            json["net_slots"].as_array().unwrap().len(),
+            SPEND_SERIES_BUCKETS
+        );
+        assert_eq!(json["bucket_seconds"], (window + 1) as f64 / 48.0 / 1000.0);
+        k.set_quota(
+            &Actor::Operator,
+            "g",
+            PolicyPatch {
+                window_hours: Some(1.0),
+                ..PolicyPatch::default()
+            },
+        )
+        .unwrap();
+        let (_, _, series) = k.quota_with_series("g", None).unwrap();
+        assert_eq!(series.to - series.from, 3_600_000 + 1);
     }
 }

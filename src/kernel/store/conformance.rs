@@ -42,6 +42,10 @@ pub(crate) fn run_all(fresh: Fresh<'_>) {
             quota_window_equals_the_ledger_as_it_moves,
         ),
         (
+            "spend series over the window",
+            spend_series_buckets_the_window_and_nothing_else,
+        ),
+        (
             "reserved slots",
             unsettled_turns_reserve_slots_until_their_spend,
         ),
@@ -305,6 +309,51 @@ pub(crate) fn quota_window_sums_at_its_boundaries(open: Factory<'_>) {
             None,
             "a void frees no slot"
         );
+    });
+}
+
+/// The spend series puts each ledger row dated in `[from, to)` in its equal span of that time
+/// (the first millisecond in the first bucket, the last one in the last), nets voids against
+/// spends, leaves out rows before `from`, at `to` and after, and other goals' rows, and sums to
+/// what [`StoreRead::spent_since`] counts over the same rows.
+pub(crate) fn spend_series_buckets_the_window_and_nothing_else(open: Factory<'_>) {
+    let mut store = open();
+    write(&mut *store, |tx| {
+        tx.insert_goal(&goal("g")).unwrap();
+        tx.insert_goal(&goal("other")).unwrap();
+        for entry in [
+            ledger("before", "a1", 7, 999),
+            ledger("first", "a1", 1, 1_000),
+            ledger("second", "a2", 2, 1_249),
+            ledger("third", "a2", 3, 1_250),
+            ledger("void", "a2", -3, 1_250),
+            ledger("last", "a1", 4, 1_999),
+            ledger("at-end", "a1", 8, 2_000),
+        ] {
+            assert!(tx.insert_ledger(&entry).unwrap());
+        }
+        let mut elsewhere = ledger("elsewhere", "a1", 5, 1_500);
+        elsewhere.goal_id = "other".into();
+        assert!(tx.insert_ledger(&elsewhere).unwrap());
+    });
+    read(&*store, |tx| {
+        assert_eq!(
+            tx.spend_series("g", 1_000, 2_000, 4).unwrap(),
+            [3, 0, 0, 4],
+            "1 + 2 in the first quarter; 3 - 3 in the second; 4 in the last"
+        );
+        let series = tx.spend_series("g", 1_000, 2_000, 48).unwrap();
+        assert_eq!(series.len(), 48);
+        assert_eq!(
+            series.iter().sum::<i64>(),
+            tx.spent_since("g", 1_000, None).unwrap() - 8,
+            "the row at `to` is outside the series"
+        );
+        assert_eq!(tx.spend_series("g", 0, 3_000, 1).unwrap(), [22]);
+        assert_eq!(tx.spend_series("other", 1_000, 2_000, 2).unwrap(), [0, 5]);
+        assert_eq!(tx.spend_series("none", 1_000, 2_000, 3).unwrap(), [0, 0, 0]);
+        assert!(tx.spend_series("g", 2_000, 1_000, 4).unwrap().is_empty());
+        assert!(tx.spend_series("g", 1_000, 2_000, 0).unwrap().is_empty());
     });
 }
 

@@ -229,6 +229,11 @@ pub trait StoreRead: MonitorRead {
     /// Oldest spend time at or after `since` (when the window frees its next slot).
     fn oldest_spend_since(&self, goal_id: &str, since: i64) -> Result<Option<i64>>;
     fn recent_ledger(&self, goal_id: &str, limit: usize) -> Result<Vec<LedgerEntry>>;
+    /// Net slots (spends minus voids) of the goal's ledger rows dated in `[from, to)`, in
+    /// `buckets` equal spans of that time, oldest first (`buckets` entries; empty when `to <=
+    /// from` or `buckets` is 0). Reads only the rows inside `[from, to)`, never the ledger's
+    /// older history, so its cost follows the window's rows, not the goal's age.
+    fn spend_series(&self, goal_id: &str, from: i64, to: i64, buckets: usize) -> Result<Vec<i64>>;
 
     // Operation log.
     fn ops(&self, goal_id: Option<&str>, limit: usize) -> Result<Vec<OpRecord>>;

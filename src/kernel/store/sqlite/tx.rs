@@ -290,6 +290,10 @@ impl<M: Mode> StoreRead for SqliteTx<'_, M> {
         self.db.recent_ledger(goal_id, limit)
     }
 
+    fn spend_series(&self, goal_id: &str, from: i64, to: i64, buckets: usize) -> Result<Vec<i64>> {
+        self.db.spend_series(goal_id, from, to, buckets)
+    }
+
     fn ops(&self, goal_id: Option<&str>, limit: usize) -> Result<Vec<OpRecord>> {
         self.db.ops(goal_id, limit)
     }
