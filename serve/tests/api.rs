@@ -287,6 +287,26 @@ async fn every_route_answers_in_the_shape_its_openapi_document_gives() {
     let older: Value = serde_json::from_str(&older).unwrap();
     assert_eq!(older["runs"][0]["run_id"], runs[0].as_str());
     assert_eq!(older["runs"][0]["rewards"][0]["score"], 2.0);
+    // One run's report holds its rewards and the evidence its todo held, as the agent wrote it.
+    let uri = format!("/api/v1/goals/g/runs/{}", runs[0]);
+    let (_, _, report) = send(&app, get(&uri)).await;
+    check("RunReport", &uri, &report);
+    let report: Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(report["run"]["rewards"][0]["score"], 2.0);
+    assert_eq!(report["run"]["rewards"][0]["comment"], "good");
+    assert_eq!(report["evidence"][0]["text"], format!("evidence {HOSTILE}"));
+    // The quota's spend series: 48 spans of the window, the seeded spend in the last one.
+    let (_, _, quota) = send(&app, get("/api/v1/goals/g/quota")).await;
+    let quota: Value = serde_json::from_str(&quota).unwrap();
+    let spans: Vec<i64> = quota["spend_series"]["net_slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_i64().unwrap())
+        .collect();
+    assert_eq!(spans.len(), 48);
+    assert_eq!(spans.iter().sum::<i64>(), quota["quota"]["spent_slots"]);
+    assert_eq!(spans[47], 1);
     // The routes with data hold it: the turn and the extension's component, digest and grant.
     let (_, _, turns) = send(&app, get("/api/v1/turns")).await;
     let turns: Value = serde_json::from_str(&turns).unwrap();

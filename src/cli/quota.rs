@@ -101,6 +101,23 @@ fn quota_fields(q: &QuotaView) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The window's spend series as one line of block characters, oldest span first: a dot for a
+/// span with no net spend, then eight heights up to the busiest span.
+fn sparkline(net_slots: &[i64]) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let top = net_slots.iter().copied().max().unwrap_or(0).max(1);
+    net_slots
+        .iter()
+        .map(|&n| {
+            if n <= 0 {
+                '·'
+            } else {
+                BARS[((n * 8 - 1) / top).clamp(0, 7) as usize]
+            }
+        })
+        .collect()
+}
+
 fn receipt_output(heading: &str, r: &SpendReceipt) -> Output {
     Output::new(json!({
         "effect_id": r.entry.effect_id,
@@ -240,7 +257,7 @@ pub fn run(ctx: &Context, cmd: QuotaCommand) -> Result<Output> {
             )
         }
         QuotaCommand::Show { goal_id, agent_id } => {
-            let (q, ledger) = kernel.quota(&goal_id, agent_id.as_deref())?;
+            let (q, ledger, series) = kernel.quota_with_series(&goal_id, agent_id.as_deref())?;
             let rows = ledger
                 .iter()
                 .map(|e| {
@@ -253,13 +270,31 @@ pub fn run(ctx: &Context, cmd: QuotaCommand) -> Result<Output> {
                     ]
                 })
                 .collect();
-            Ok(Output::new(
-                json!({"goal_id": goal_id, "quota": q.to_json(), "recent_ledger": ledger}),
-            )
+            let mut fields = quota_fields(&q);
+            fields.push(("spent per span", sparkline(&series.net_slots)));
+            Ok(Output::new(json!({
+                "goal_id": goal_id,
+                "quota": q.to_json(),
+                "recent_ledger": ledger,
+                "spend_series": series.to_json(),
+            }))
             .heading(format!("Quota of {goal_id}"))
-            .fields(quota_fields(&q))
+            .fields(fields)
             .heading("Recent ledger")
             .table(&["when", "kind", "slots", "agent", "effect id"], rows))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sparkline;
+
+    #[test]
+    fn the_sparkline_has_one_mark_per_span_scaled_to_the_busiest() {
+        assert_eq!(sparkline(&[0, 1, 4, 8, -2]), "·▁▄█·");
+        assert_eq!(sparkline(&[0, 0]), "··");
+        assert_eq!(sparkline(&[3]), "█");
+        assert_eq!(sparkline(&[]), "");
     }
 }

@@ -91,21 +91,29 @@ pub fn api_read(paths: &ProjectPaths, args: &[String]) -> Result<String> {
     Ok(output.render(Format::Json))
 }
 
-/// One run's report: the run as `history` lists it (`run_json`), found by its id. No CLI
-/// command shows a single run; this is the one API answer built here, from the same builder.
+/// One run's report: the run as `history` lists it (`run_json` with its `rewards`), found by
+/// its id, and `evidence`, what its todo held when it was recorded (`Kernel::run_detail`). No
+/// CLI command shows a single run; this is the one API answer built here, from the same
+/// builders.
 pub fn run_report(paths: &ProjectPaths, goal_id: &str, run_id: &str) -> Result<String> {
     let kernel = crate::kernel::Kernel::open(paths.clone())?;
-    crate::ids::validate_token("run id", run_id)?;
-    kernel.goal(goal_id)?;
-    let run = kernel.run(goal_id, run_id)?.ok_or_else(|| {
+    let detail = kernel.run_detail(goal_id, run_id)?.ok_or_else(|| {
         crate::error::not_found(format!(
             "unknown run '{run_id}' in goal '{goal_id}'; `loopx history --goal-id {goal_id}` \
              lists its runs"
         ))
     })?;
+    let mut run = crate::kernel::projection::run_json(&detail.run);
+    run["rewards"] = serde_json::json!(detail.rewards);
+    let evidence: Vec<_> = detail
+        .evidence
+        .iter()
+        .map(crate::kernel::projection::evidence_json)
+        .collect();
     let value = serde_json::json!({
         "goal_id": goal_id,
-        "run": crate::kernel::projection::run_json(&run),
+        "run": run,
+        "evidence": evidence,
     });
     Ok(Output::new(value).render(Format::Json))
 }

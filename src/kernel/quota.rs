@@ -132,7 +132,8 @@ impl SpendSeries {
         json!({
             "window_start": crate::clock::rfc3339(self.from),
             "window_end": crate::clock::rfc3339(self.to),
-            "bucket_seconds": (self.to - self.from) as f64 / buckets / 1000.0,
+            // To the millisecond: the span is the window plus the millisecond of now, split.
+            "bucket_seconds": ((self.to - self.from) as f64 / buckets).round() / 1000.0,
             "net_slots": self.net_slots,
         })
     }
@@ -605,7 +606,7 @@ mod tests {
             json["net_slots"].as_array().unwrap().len(),
             SPEND_SERIES_BUCKETS
         );
-        assert_eq!(json["bucket_seconds"], (window + 1) as f64 / 48.0 / 1000.0);
+        assert_eq!(json["bucket_seconds"], 1800.0);
         k.set_quota(
             &Actor::Operator,
             "g",

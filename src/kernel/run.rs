@@ -34,6 +34,20 @@ pub struct HistoryEntry {
     pub rewards: Vec<Reward>,
 }
 
+/// One run as its report page shows it: the run, the rewards laid over it, and the evidence its
+/// todo held when the run was recorded.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunDetail {
+    pub run: Run,
+    pub rewards: Vec<Reward>,
+    /// Evidence on the run's todo dated at or before the run, oldest first, at most
+    /// [`RUN_EVIDENCE_LIMIT`] (the newest); empty for a run without a todo.
+    pub evidence: Vec<Evidence>,
+}
+
+/// The most evidence rows a run's report carries: its todo's newest ones at the run's time.
+pub const RUN_EVIDENCE_LIMIT: usize = 50;
+
 /// Everything `summary_all` reports for a goal.
 #[derive(Debug, Clone, Serialize)]
 pub struct GoalSummary {
@@ -210,6 +224,31 @@ impl Kernel {
         })
     }
 
+    /// One run with its rewards and its todo's evidence up to the run, read in one snapshot;
+    /// `None` when the goal has no such run.
+    pub fn run_detail(&self, goal_id: &str, run_id: &str) -> Result<Option<RunDetail>> {
+        validate_token("run id", run_id)?;
+        self.read(|tx| {
+            require_goal(tx, goal_id)?;
+            let Some(run) = tx.run(goal_id, run_id)? else {
+                return Ok(None);
+            };
+            let rewards = tx.rewards_for_runs(goal_id, std::slice::from_ref(&run.id))?;
+            let mut evidence = match &run.todo_id {
+                Some(todo_id) => tx.evidence_for(goal_id, todo_id)?,
+                None => Vec::new(),
+            };
+            evidence.retain(|e| e.created_at <= run.created_at);
+            let older = evidence.len().saturating_sub(RUN_EVIDENCE_LIMIT);
+            evidence.drain(..older);
+            Ok(Some(RunDetail {
+                run,
+                rewards,
+                evidence,
+            }))
+        })
+    }
+
     /// Lays a human reward over a run. Operators only: rewards are human judgments.
     pub fn add_reward(
         &mut self,
@@ -272,5 +311,71 @@ impl Kernel {
                 goal,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::todo::{NewTodo, TodoPatch};
+
+    fn evidence(k: &mut Kernel, text: &str) {
+        let patch = TodoPatch {
+            evidence: Some(text.into()),
+            ..TodoPatch::default()
+        };
+        k.update_todo(&Actor::Operator, "g", "t1", patch).unwrap();
+        // Evidence and runs are dated to the millisecond: the next write is a later one.
+        std::thread::sleep(std::time::Duration::from_millis(3));
+    }
+
+    fn record(k: &mut Kernel, todo: Option<&str>) -> Run {
+        let run = k
+            .refresh_state(
+                &Actor::Operator,
+                &RefreshRequest {
+                    goal_id: "g".into(),
+                    todo_id: todo.map(str::to_string),
+                    ..RefreshRequest::default()
+                },
+            )
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        run
+    }
+
+    /// A run's detail holds its own rewards (not another run's) and the evidence its todo held
+    /// when it was recorded (not later evidence); a run without a todo has none, and an unknown
+    /// run is `None`.
+    #[test]
+    fn a_runs_detail_holds_its_rewards_and_its_todos_evidence_up_to_the_run() {
+        let (_dir, mut k) = crate::kernel::test_project::with_goal_g();
+        let mut todo = NewTodo::task("Task");
+        todo.id = Some("t1".into());
+        k.add_todo(&Actor::Operator, "g", todo).unwrap();
+        evidence(&mut k, "before the run");
+        let run = record(&mut k, Some("t1"));
+        evidence(&mut k, "after the run");
+        let other = record(&mut k, None);
+        k.add_reward(&Actor::Operator, "g", &run.id, 3.0, "good")
+            .unwrap();
+        k.add_reward(&Actor::Operator, "g", &other.id, -1.0, "other")
+            .unwrap();
+        let detail = k.run_detail("g", &run.id).unwrap().unwrap();
+        assert_eq!(detail.run, run);
+        let rewards: Vec<_> = detail
+            .rewards
+            .iter()
+            .map(|r| (r.score, &*r.comment))
+            .collect();
+        assert_eq!(rewards, [(3.0, "good")]);
+        let texts: Vec<_> = detail.evidence.iter().map(|e| &*e.text).collect();
+        assert_eq!(texts, ["before the run"]);
+        let detail = k.run_detail("g", &other.id).unwrap().unwrap();
+        assert!(detail.evidence.is_empty());
+        assert_eq!(detail.rewards.len(), 1);
+        assert!(k.run_detail("g", "01NOPE").unwrap().is_none());
+        assert_eq!(k.run_detail("nope", &run.id).unwrap_err().exit_code(), 3);
+        assert_eq!(k.run_detail("g", "../x").unwrap_err().exit_code(), 2);
     }
 }
