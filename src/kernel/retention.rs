@@ -252,24 +252,29 @@ impl Kernel {
             for (start, end) in complete_months(oldest, reports_before) {
                 let month = month_label(start);
                 let mark = self.paths().retired_reports(&g.id, &month);
-                let runs =
-                    self.read(|tx| tx.retention().runs_created_between(&g.id, start, end))?;
-                let mut files = Vec::new();
-                for run in &runs {
-                    for path in self.paths().run_report_files(&g.id, &run.id) {
-                        if path.exists() {
-                            files.push(path);
-                        }
-                    }
-                }
+                // The month's report files, found one run at a time (payloads included, a
+                // month of runs need not fit in memory).
+                let (mut runs, mut files) = (0, Vec::new());
+                self.read(|tx| {
+                    tx.retention()
+                        .visit_runs_created_between(&g.id, start, end, &mut |run| {
+                            runs += 1;
+                            for path in self.paths().run_report_files(&g.id, &run.id) {
+                                if path.exists() {
+                                    files.push(path);
+                                }
+                            }
+                            Ok(())
+                        })
+                })?;
                 let mark_exists = mark.exists();
-                if files.is_empty() && (mark_exists || runs.is_empty()) {
+                if files.is_empty() && (mark_exists || runs == 0) {
                     continue;
                 }
                 report_months.push(ReportRetirement {
                     goal_id: g.id.clone(),
                     month,
-                    runs: runs.len(),
+                    runs,
                     file_bytes: files.iter().map(|f| disk_bytes(f)).sum(),
                     mark,
                     mark_exists,

@@ -333,6 +333,28 @@ fn state_files_hold_live_work_and_older_work_moves_to_the_monthly_archive() {
         .map(|t| t["id"].as_str().unwrap())
         .collect();
     assert_eq!(todos.len(), 3, "{archived:?}");
+    let runs = archived
+        .iter()
+        .flat_map(|a| a["runs"].as_array().unwrap())
+        .count();
+    assert_eq!(runs, 3, "each settled turn's run is archived: {archived:?}");
+    // Streamed through temp files, each put in place whole: the Markdown beside its JSON, and
+    // no temp file left behind.
+    let names: Vec<String> = std::fs::read_dir(&archive)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.iter().any(|n| n.ends_with(".tmp")), "{names:?}");
+    let md: String = months
+        .iter()
+        .map(|m| std::fs::read_to_string(archive.join(m.replace(".json", ".md"))).unwrap())
+        .collect();
+    assert_eq!(md.matches("## Runs").count(), months.len(), "{md}");
+    assert_eq!(
+        md.matches("\n- ").count(),
+        6,
+        "three todos and three runs: {md}"
+    );
     let stamp = std::fs::metadata(archive.join(&months[0]))
         .unwrap()
         .modified()

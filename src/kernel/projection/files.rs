@@ -182,13 +182,80 @@ pub(super) fn replace(tmp: &Path, path: &Path) -> std::io::Result<()> {
 /// Writes a file that must never change once written (run reports): refuses to replace a
 /// non-empty one, and goes through a temp file so a reader never sees half a report.
 pub(super) fn write_once(path: &Path, bytes: &[u8]) -> Result<()> {
+    refuse_existing(path)?;
+    write_atomic(path, bytes)
+}
+
+/// The refusal to replace a write-once file (a conflict: another process wrote it first, or it
+/// was written before).
+fn refuse_existing(path: &Path) -> Result<()> {
     if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
         return Err(crate::error::conflict(format!(
-            "run report {} already exists; run reports are immutable",
+            "{} already exists and is written once; it was left as it is",
             path.display()
         )));
     }
-    write_atomic(path, bytes)
+    Ok(())
+}
+
+/// A write-once file streamed piece by piece (a monthly archive, which need not fit in memory):
+/// a buffered temp file beside its path, put in place by [`PendingFile::commit_once`] and
+/// removed if dropped before.
+pub(super) struct PendingFile {
+    path: PathBuf,
+    tmp: PathBuf,
+    out: Option<ProjectionWriter>,
+}
+
+impl PendingFile {
+    pub(super) fn create(path: &Path) -> Result<PendingFile> {
+        let dir = path.parent().expect("projection paths have a parent");
+        std::fs::create_dir_all(dir)
+            .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
+        let tmp = dir.join(format!(
+            ".{}.{}.tmp",
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("projection"),
+            std::process::id()
+        ));
+        let file = File::create(&tmp)
+            .map_err(|e| LoopxError::internal(format!("creating {}", tmp.display()), e))?;
+        Ok(PendingFile {
+            path: path.to_path_buf(),
+            tmp,
+            out: Some(BufWriter::with_capacity(64 << 10, file)),
+        })
+    }
+
+    pub(super) fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let out = self.out.as_mut().expect("written only before commit");
+        out.write_all(bytes)
+            .map_err(|e| LoopxError::internal(format!("writing {}", self.path.display()), e))
+    }
+
+    /// Puts the file in place, unless one was written there meanwhile (a conflict).
+    pub(super) fn commit_once(mut self) -> Result<()> {
+        refuse_existing(&self.path)?;
+        let out = self.out.take().expect("committed once");
+        let done = out
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|_| replace(&self.tmp, &self.path));
+        done.map_err(|e| {
+            let _ = std::fs::remove_file(&self.tmp);
+            LoopxError::internal(format!("writing {}", self.path.display()), e)
+        })
+    }
+}
+
+impl Drop for PendingFile {
+    fn drop(&mut self) {
+        // Committed, the temp file was renamed (or exchanged and unlinked): nothing to remove.
+        if self.out.is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -169,41 +169,39 @@ pub(super) fn state_markdown(
     md
 }
 
-/// A goal's monthly archive (`archive/<YYYY-MM>.md`): the todos that finished and the runs
-/// recorded in the month, written once.
-pub(super) fn archive_markdown(
-    goal: &Goal,
-    month: &str,
-    todos: &[Todo],
-    runs: &[Run],
-    end: i64,
-) -> String {
-    let mut md = String::with_capacity(256 + 96 * (todos.len() + runs.len()));
-    let _ = write!(
-        md,
+/// The head of a goal's monthly archive (`archive/<YYYY-MM>.md`), up to its first todo; the
+/// todos ([`todo_markdown`]) and runs ([`archive_run_markdown`]) follow one at a time, so a month
+/// of history is never held in memory.
+pub(super) fn archive_markdown_head(goal: &Goal, month: &str) -> String {
+    format!(
         "# {} — {month}\n\nGoal `{}`: the work that finished in {month}, archived from the LoopX database once the month left the live window of `STATE.md`. Written once, never changed.\n\n## Finished todos\n\n",
         md_inline(&goal.title),
         goal.id
+    )
+}
+
+/// What separates the archive's todos from its runs (`todos` of them were written).
+pub(super) fn archive_markdown_runs_heading(todos: usize) -> &'static str {
+    if todos == 0 {
+        "(none)\n\n## Runs\n\n"
+    } else {
+        "\n## Runs\n\n"
+    }
+}
+
+/// One run's line in the archive.
+pub(super) fn archive_run_markdown(md: &mut String, r: &Run) {
+    let _ = writeln!(
+        md,
+        "- `{}` {} {}: {}",
+        r.id,
+        rfc3339(r.created_at),
+        md_inline(&r.classification),
+        md_inline(&r.summary)
     );
-    if todos.is_empty() {
-        md.push_str("(none)\n");
-    }
-    for t in todos {
-        todo_markdown(&mut md, t, end);
-    }
-    md.push_str("\n## Runs\n\n");
-    if runs.is_empty() {
-        md.push_str("(none)\n");
-    }
-    for r in runs {
-        let _ = writeln!(
-            md,
-            "- `{}` {} {}: {}",
-            r.id,
-            rfc3339(r.created_at),
-            md_inline(&r.classification),
-            md_inline(&r.summary)
-        );
-    }
-    md
+}
+
+/// The end of the archive (`runs` of them were written).
+pub(super) fn archive_markdown_tail(runs: usize) -> &'static str {
+    if runs == 0 { "(none)\n" } else { "" }
 }

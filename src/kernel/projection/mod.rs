@@ -29,7 +29,7 @@ mod markdown;
 mod wire;
 
 pub(crate) use files::check_before_overwrite;
-use files::{ProjectionWriter, write_json_projection, write_once};
+use files::{PendingFile, ProjectionWriter, write_json_projection, write_once};
 pub use files::{check_json_projection, write_atomic};
 use markdown::{run_markdown, state_markdown, todo_markdown};
 pub use wire::monitor_json;
@@ -476,56 +476,62 @@ impl Kernel {
             if archive_json(start).exists() {
                 continue;
             }
-            let (goal, todos, runs) = self.read(|tx| {
-                Ok((
-                    super::require_goal(tx, goal_id)?,
-                    tx.retention().todos_finished_between(goal_id, start, end)?,
-                    tx.retention().runs_created_between(goal_id, start, end)?,
-                ))
-            })?;
             let month = month_label(start);
-            let mut json_bytes = Vec::with_capacity(1024 + todos.len() * 512);
-            json_bytes.extend_from_slice(b"{\n");
-            write!(
-                json_bytes,
-                "  \"schema_version\": \"{ARCHIVE_SCHEMA}\",\n  \"goal_id\": {},\n  \"month\": \"{month}\",\n  \"todos\": [",
-                serde_json::to_string(&goal.id).expect("ids serialize")
-            )
-            .expect("writing to a vector");
-            for (i, t) in todos.iter().enumerate() {
-                json_bytes.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
-                TodoView::new(t, end).write_json(&mut json_bytes);
-            }
-            json_bytes.extend_from_slice(if todos.is_empty() {
-                b"],\n"
-            } else {
-                b"\n  ],\n"
-            });
-            json_bytes.extend_from_slice(b"  \"runs\": [");
-            for (i, r) in runs.iter().enumerate() {
-                json_bytes.extend_from_slice(if i == 0 { b"\n    " } else { b",\n    " });
-                serde_json::to_writer(
-                    &mut json_bytes,
-                    &json!({
-                        "run_id": r.id, "agent_id": r.agent_id, "todo_id": r.todo_id,
-                        "classification": r.classification, "outcome": r.outcome,
-                        "summary": r.summary, "created_at": Rfc3339(r.created_at),
-                    }),
+            let mut md = PendingFile::create(&dir.join(format!("{month}.md")))?;
+            let mut json = PendingFile::create(&archive_json(start))?;
+            self.read(|tx| {
+                let goal = super::require_goal(tx, goal_id)?;
+                md.write(markdown::archive_markdown_head(&goal, &month).as_bytes())?;
+                let mut head = Vec::with_capacity(256);
+                write!(
+                    head,
+                    "{{\n  \"schema_version\": \"{ARCHIVE_SCHEMA}\",\n  \"goal_id\": {},\n  \"month\": \"{month}\",\n  \"todos\": [",
+                    serde_json::to_string(&goal.id).expect("ids serialize")
                 )
-                .expect("runs serialize");
-            }
-            json_bytes.extend_from_slice(if runs.is_empty() {
-                b"]\n}\n"
-            } else {
-                b"\n  ]\n}\n"
-            });
+                .expect("writing to a vector");
+                json.write(&head)?;
+                // One buffer each, reused for every todo and run.
+                let (mut line, mut bytes) = (String::new(), Vec::new());
+                let mut todos = 0;
+                tx.retention()
+                    .visit_todos_finished_between(goal_id, start, end, &mut |t| {
+                        line.clear();
+                        todo_markdown(&mut line, t, end);
+                        md.write(line.as_bytes())?;
+                        bytes.clear();
+                        bytes.extend_from_slice(if todos == 0 { b"\n    " } else { b",\n    " });
+                        TodoView::new(t, end).write_json(&mut bytes);
+                        todos += 1;
+                        json.write(&bytes)
+                    })?;
+                md.write(markdown::archive_markdown_runs_heading(todos).as_bytes())?;
+                json.write(if todos == 0 { b"],\n  \"runs\": [" } else { b"\n  ],\n  \"runs\": [" })?;
+                let mut runs = 0;
+                tx.retention()
+                    .visit_runs_created_between(goal_id, start, end, &mut |r| {
+                        line.clear();
+                        markdown::archive_run_markdown(&mut line, r);
+                        md.write(line.as_bytes())?;
+                        bytes.clear();
+                        bytes.extend_from_slice(if runs == 0 { b"\n    " } else { b",\n    " });
+                        serde_json::to_writer(
+                            &mut bytes,
+                            &json!({
+                                "run_id": r.id, "agent_id": r.agent_id, "todo_id": r.todo_id,
+                                "classification": r.classification, "outcome": r.outcome,
+                                "summary": r.summary, "created_at": Rfc3339(r.created_at),
+                            }),
+                        )
+                        .expect("runs serialize");
+                        runs += 1;
+                        json.write(&bytes)
+                    })?;
+                md.write(markdown::archive_markdown_tail(runs).as_bytes())?;
+                json.write(if runs == 0 { b"]\n}\n" } else { b"\n  ]\n}\n" })
+            })?;
             // The Markdown first: the JSON file is the mark that the month is archived.
-            write_once(
-                &dir.join(format!("{month}.md")),
-                markdown::archive_markdown(&goal, &month, &todos, &runs, end).as_bytes(),
-            )
-            .or_else(ignore_existing)?;
-            write_once(&archive_json(start), &json_bytes).or_else(ignore_existing)?;
+            md.commit_once().or_else(ignore_existing)?;
+            json.commit_once().or_else(ignore_existing)?;
         }
         Ok(())
     }
@@ -533,9 +539,9 @@ impl Kernel {
 
 /// A monthly archive another process wrote meanwhile is the same month's record: not an error.
 fn ignore_existing(e: crate::error::LoopxError) -> Result<()> {
-    match e.exit_code() {
-        4 => Ok(()),
-        _ => Err(e),
+    match e {
+        crate::error::LoopxError::Conflict(_) => Ok(()),
+        e => Err(e),
     }
 }
 

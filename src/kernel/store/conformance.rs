@@ -832,20 +832,26 @@ pub(crate) fn retention_compacts_only_settled_turns_and_reads_the_live_window(op
         .unwrap();
         seen.sort();
         assert_eq!(seen, ["new", "open"]);
-        let runs: Vec<String> = (tx.retention().runs_created_between("g", 150, 300).unwrap())
-            .into_iter()
-            .map(|r| r.id)
-            .collect();
+        let mut runs = Vec::new();
+        tx.retention()
+            .visit_runs_created_between("g", 150, 300, &mut |r| {
+                runs.push(r.id.clone());
+                Ok(())
+            })
+            .unwrap();
         assert_eq!(runs, ["01R2"]);
         assert_eq!(tx.retention().oldest_run_at("g").unwrap(), Some(100));
         assert_eq!(
             tx.retention().oldest_finished_todo_at("g").unwrap(),
             Some(50)
         );
-        let finished: Vec<String> = (tx.retention().todos_finished_between("g", 0, 200).unwrap())
-            .into_iter()
-            .map(|t| t.id)
-            .collect();
+        let mut finished = Vec::new();
+        tx.retention()
+            .visit_todos_finished_between("g", 0, 200, &mut |t| {
+                finished.push(t.id.clone());
+                Ok(())
+            })
+            .unwrap();
         assert_eq!(finished, ["gone", "old"]);
         let payloads = tx
             .retention()

@@ -336,8 +336,15 @@ pub trait RetentionRead {
     /// Settled turns whose journal is not compacted and that settled before `before`, oldest
     /// first, at most `limit`.
     fn compactable_turns(&self, before: i64, limit: usize) -> Result<Vec<CompactableTurn>>;
-    /// Runs of a goal created in `[from, to)` (oldest first).
-    fn runs_created_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Run>>;
+    /// Visits the goal's runs created in `[from, to)`, oldest first, one at a time: a month of
+    /// them, payloads included, need not fit in memory.
+    fn visit_runs_created_between(
+        &self,
+        goal_id: &str,
+        from: i64,
+        to: i64,
+        visit: &mut dyn FnMut(&Run) -> Result<()>,
+    ) -> Result<()>;
     /// `(run id, payload bytes)` of a goal's runs created before `before` whose payload `gc` has
     /// not dropped, oldest first, at most `limit`.
     fn runs_with_payload_before(
@@ -348,8 +355,15 @@ pub trait RetentionRead {
     ) -> Result<Vec<(String, i64)>>;
     /// The creation time of the goal's oldest run, if any.
     fn oldest_run_at(&self, goal_id: &str) -> Result<Option<i64>>;
-    /// The goal's terminal todos last written in `[from, to)`, oldest first.
-    fn todos_finished_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Todo>>;
+    /// Visits the goal's terminal todos last written in `[from, to)`, oldest first, one at a
+    /// time, dependencies included.
+    fn visit_todos_finished_between(
+        &self,
+        goal_id: &str,
+        from: i64,
+        to: i64,
+        visit: &mut dyn FnMut(&Todo) -> Result<()>,
+    ) -> Result<()>;
     /// When the goal's oldest terminal todo was last written, if any.
     fn oldest_finished_todo_at(&self, goal_id: &str) -> Result<Option<i64>>;
 }

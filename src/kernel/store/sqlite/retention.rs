@@ -98,16 +98,27 @@ impl Db<'_> {
         Ok(changed == 1)
     }
 
-    fn runs_created_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Run>> {
-        self.query_all(
-            &format!(
+    fn visit_runs_created_between(
+        &self,
+        goal_id: &str,
+        from: i64,
+        to: i64,
+        visit: &mut dyn FnMut(&Run) -> Result<()>,
+    ) -> Result<()> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
                 "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND created_at >= ?2 \
                  AND created_at < ?3 ORDER BY created_at, id"
-            ),
-            params![goal_id, from, to],
-            run_from_row,
-            "listing runs by time",
-        )
+            ))
+            .map_err(self.err("listing runs by time"))?;
+        let mut rows = stmt
+            .query(params![goal_id, from, to])
+            .map_err(self.err("listing runs by time"))?;
+        while let Some(row) = rows.next().map_err(self.err("listing runs by time"))? {
+            visit(&run_from_row(row).map_err(self.err("listing runs by time"))?)?;
+        }
+        Ok(())
     }
 
     fn runs_with_payload_before(
@@ -152,19 +163,31 @@ impl Db<'_> {
         )
     }
 
-    fn todos_finished_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Todo>> {
-        let mut out = Vec::new();
-        self.visit_todos(
-            &format!(" AND status IN {TERMINAL} AND updated_at >= ?2 AND updated_at < ?3"),
-            params![goal_id, from, to],
-            &mut |todo, _| {
-                out.push(todo.clone());
-                Ok(())
-            },
-        )?;
-        out.sort_by(|a, b| (a.updated_at, &a.id).cmp(&(b.updated_at, &b.id)));
-        let out = self.with_deps(out)?;
-        Ok(out)
+    fn visit_todos_finished_between(
+        &self,
+        goal_id: &str,
+        from: i64,
+        to: i64,
+        visit: &mut dyn FnMut(&Todo) -> Result<()>,
+    ) -> Result<()> {
+        // Dependencies per todo, not the goal's whole map (`visit_todos`): a month is a slice of
+        // the history, the map all of it.
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 AND status IN {TERMINAL} \
+                 AND updated_at >= ?2 AND updated_at < ?3 ORDER BY updated_at, id"
+            ))
+            .map_err(self.err("listing finished todos"))?;
+        let mut rows = stmt
+            .query(params![goal_id, from, to])
+            .map_err(self.err("listing finished todos"))?;
+        while let Some(row) = rows.next().map_err(self.err("listing finished todos"))? {
+            let mut todo = todo_from_row(row).map_err(self.err("listing finished todos"))?;
+            todo.depends_on = self.deps_of(goal_id, &todo.id)?;
+            visit(&todo)?;
+        }
+        Ok(())
     }
 
     fn oldest_finished_todo_at(&self, goal_id: &str) -> Result<Option<i64>> {
@@ -244,8 +267,15 @@ impl<M: Mode> RetentionRead for SqliteTx<'_, M> {
     fn compactable_turns(&self, before: i64, limit: usize) -> Result<Vec<CompactableTurn>> {
         self.db().compactable_turns(before, limit)
     }
-    fn runs_created_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Run>> {
-        self.db().runs_created_between(goal_id, from, to)
+    fn visit_runs_created_between(
+        &self,
+        goal_id: &str,
+        from: i64,
+        to: i64,
+        visit: &mut dyn FnMut(&Run) -> Result<()>,
+    ) -> Result<()> {
+        self.db()
+            .visit_runs_created_between(goal_id, from, to, visit)
     }
     fn runs_with_payload_before(
         &self,
@@ -258,8 +288,15 @@ impl<M: Mode> RetentionRead for SqliteTx<'_, M> {
     fn oldest_run_at(&self, goal_id: &str) -> Result<Option<i64>> {
         self.db().oldest_run_at(goal_id)
     }
-    fn todos_finished_between(&self, goal_id: &str, from: i64, to: i64) -> Result<Vec<Todo>> {
-        self.db().todos_finished_between(goal_id, from, to)
+    fn visit_todos_finished_between(
+        &self,
+        goal_id: &str,
+        from: i64,
+        to: i64,
+        visit: &mut dyn FnMut(&Todo) -> Result<()>,
+    ) -> Result<()> {
+        self.db()
+            .visit_todos_finished_between(goal_id, from, to, visit)
     }
     fn oldest_finished_todo_at(&self, goal_id: &str) -> Result<Option<i64>> {
         self.db().oldest_finished_todo_at(goal_id)
