@@ -205,31 +205,24 @@ async function goalPage(goalId) {
   ];
 }
 
-// Net slots spent over the rolling window, as an inline SVG step plot against the limit.
+// The spend over the rolling window (`spend_series` of `quota show`: net slots in each equal span
+// of the window, oldest first), as an inline SVG: a bar per span, scaled to the busiest span, in
+// the lower band, and the running total through the window as a step line against the limit
+// (dashed) on one scale, so the line ends at the window's spent slots.
 function quotaSection(q) {
   const v = q.quota;
-  const windowMs = (v.policy && v.policy.window_hours ? v.policy.window_hours : 24) * 3600e3;
-  const now = Date.now();
-  const start = now - windowMs;
-  const entries = (q.recent_ledger || [])
-    .map(e => ({ t: typeof e.created_at === 'number' ? e.created_at : Date.parse(e.created_at),
-      d: e.kind === 'void' ? -Math.abs(e.slots) : e.slots }))
-    .filter(e => e.t >= start)
-    .sort((a, b) => a.t - b.t);
-  const W = 560, H = 160, P = 28;
-  const top = Math.max(v.allowed_slots || 0, v.spent_slots || 0, 1);
-  const x = t => P + (W - 2 * P) * (t - start) / windowMs;
-  const y = n => H - P - (H - 2 * P) * n / top;
-  // The ledger rows are the newest 20 only; the window's total is known, so the line ends at it
-  // and starts where the rows shown leave it (older spends in the window form that base).
-  let total = Math.max(0, (v.spent_slots || 0) - entries.reduce((sum, e) => sum + e.d, 0));
-  let d = `M${x(start)},${y(total).toFixed(1)}`;
-  for (const e of entries) {
-    d += ` H${x(e.t).toFixed(1)}`;
-    total += e.d;
-    d += ` V${y(total).toFixed(1)}`;
-  }
-  d += ` H${x(now)}`;
+  const series = q.spend_series;
+  const spans = series.net_slots;
+  const start = Date.parse(series.window_start);
+  const end = Date.parse(series.window_end);
+  const spanMs = (end - start) / spans.length;
+  const W = 560, H = 180, P = 28, BAND = 36;
+  const totals = [];
+  spans.reduce((sum, n, i) => (totals[i] = sum + n), 0);
+  const top = Math.max(v.allowed_slots || 0, ...totals, 1);
+  const busiest = Math.max(...spans, 1);
+  const x = i => P + (W - 2 * P) * i / spans.length;
+  const y = n => H - P - (H - 2 * P) * Math.max(n, 0) / top;
   const ns = 'http://www.w3.org/2000/svg';
   const svg = document.createElementNS(ns, 'svg');
   svg.setAttribute('class', 'plot');
@@ -237,17 +230,28 @@ function quotaSection(q) {
   svg.setAttribute('height', H);
   svg.setAttribute('role', 'img');
   svg.setAttribute('aria-label', 'slot spend over the rolling window');
-  const add = (tag, attrs, content) => {
+  const add = (parent, tag, attrs, content) => {
     const n = document.createElementNS(ns, tag);
     for (const [k, val] of Object.entries(attrs)) n.setAttribute(k, String(val));
     if (content !== undefined) n.textContent = inert(content);
-    svg.appendChild(n);
+    parent.appendChild(n);
+    return n;
   };
-  add('line', { class: 'cap', x1: P, x2: W - P, y1: y(v.allowed_slots), y2: y(v.allowed_slots) });
-  add('path', { class: 'spend', d });
-  add('text', { x: P, y: H - 8 }, `-${(windowMs / 3600e3).toFixed(0)}h`);
-  add('text', { x: W - P - 20, y: H - 8 }, 'now');
-  add('text', { x: 2, y: y(v.allowed_slots) + 3 }, String(v.allowed_slots));
+  const clock = t => new Date(t).toISOString().slice(11, 16);
+  spans.forEach((n, i) => {
+    const h = n > 0 ? Math.max(1, BAND * n / busiest) : 0;
+    const bar = add(svg, 'rect', { class: 'bucket', 'data-slots': n, x: x(i) + 0.5,
+      y: H - P - h, width: Math.max(1, x(i + 1) - x(i) - 1), height: h });
+    add(bar, 'title', {}, `${clock(start + i * spanMs)}–${clock(start + (i + 1) * spanMs)} UTC: ${n} slot(s)`);
+  });
+  let d = `M${x(0)},${y(0).toFixed(1)}`;
+  totals.forEach((total, i) => { d += ` V${y(total).toFixed(1)} H${x(i + 1).toFixed(1)}`; });
+  add(svg, 'line', { class: 'cap', x1: P, x2: W - P, y1: y(v.allowed_slots), y2: y(v.allowed_slots) });
+  add(svg, 'path', { class: 'spend', d });
+  add(svg, 'text', { x: P, y: H - 8 }, `-${((end - start) / 3600e3).toFixed(0)}h`);
+  add(svg, 'text', { x: W - P - 20, y: H - 8 }, 'now');
+  add(svg, 'text', { x: 2, y: y(v.allowed_slots) + 3 }, String(v.allowed_slots));
+  add(svg, 'text', { x: W - P + 2, y: H - P - BAND + 8 }, String(busiest));
   return el('div', {},
     fields([
       ['state', v.state], ['spent', `${v.spent_slots} of ${v.allowed_slots} slots`],
@@ -255,7 +259,10 @@ function quotaSection(q) {
       ['window', `${text(v.policy && v.policy.window_hours)} h`],
     ]),
     svg,
-    el('p', { class: 'muted' }, 'Net slots spent over the rolling window, ending at the window\'s total (steps: the newest 20 ledger rows); dashed: the limit.'));
+    el('p', { class: 'muted' },
+      `Bars: net slots spent in each of the window's ${spans.length} spans of ` +
+      `${Math.round(series.bucket_seconds / 60)} min (tallest: ${busiest}). ` +
+      'Line: the running total through the window; dashed: the limit.'));
 }
 
 async function todoPage(goalId, todoId) {
@@ -318,6 +325,18 @@ async function runPage(goalId, runId) {
       ['todo', run.todo_id ? link(run.todo_id, 'goals', goalId, 'todos', run.todo_id) : '-'],
       ['summary', run.summary],
     ]),
+    el('h2', {}, 'Rewards'),
+    table(['when', 'score', 'comment', 'by'], (run.rewards || []).map(w => row([
+      when(w.created_at), (w.score > 0 ? '+' : '') + w.score, w.comment, text(w.actor),
+    ], { class: 'reward' }))),
+    el('h2', {}, 'Evidence'),
+    el('p', { class: 'muted' }, run.todo_id
+      ? 'What the todo held when this run was recorded (the newest 50), oldest first.'
+      : 'This run names no todo.'),
+    table(['when', 'actor', 'text', 'artifact'], (r.evidence || []).map(e => row([
+      e.created_at, e.actor, e.text,
+      e.artifact_path ? [e.artifact_path, e.artifact_digest ? ' ' + e.artifact_digest : ''] : '-',
+    ], { class: 'evidence' }))),
     el('h2', {}, 'Payload'),
     json(run.payload),
   ];

@@ -30,6 +30,7 @@ const HOSTILE_TITLE = 'Ship <img src=x onerror=alert(1)> \u202Eevil';
 const HOSTILE_TODO = 'Fix <script>alert(2)</script> now';
 const HOSTILE_EVIDENCE = '<img src=x onerror=alert(3)> proof';
 const HOSTILE_SUMMARY = '<b>bold</b><svg onload=alert(4)> summary';
+const HOSTILE_COMMENT = '<img src=x onerror=alert(5)> well \u202Edone';
 
 // How the page shows a value: as text, with bidi and other hidden characters as escapes.
 const shown = s => s.replace(/\u202E/g, '\\u{202e}');
@@ -66,7 +67,7 @@ function seed() {
   cli('quota', 'spend-slot', '--goal-id', 'g1', '--agent-id', 'bob');
   const runId = run.run_id || (run.run && (run.run.run_id || run.run.id));
   assert.ok(runId, 'refresh-state names its run');
-  cli('reward', 'add', '--goal-id', 'g1', '--run-id', runId, '--score', '3', '--comment', 'good');
+  cli('reward', 'add', '--goal-id', 'g1', '--run-id', runId, '--score', '3', '--comment', HOSTILE_COMMENT);
   // One real turn in the journal: a host that reports the todo done.
   cli('todo', 'add', '--goal-id', 'g1', '--id', 't4', '--title', 'Worked in a turn');
   const result = JSON.stringify({ schema_version: 'loopx.turn_result.v1', status: 'completed',
@@ -75,7 +76,21 @@ function seed() {
     '--todo-id', 't4', '--isolation', 'off', '--trust-host-completion', '--', '/bin/echo', result));
   assert.ok(turn.turn && turn.turn.turn_key, 'the turn ran');
   installExtension();
-  return { runId, turnKey: turn.turn.turn_key, stuckKey: stuckTurn() };
+  const stuckKey = stuckTurn();
+  return { runId, turnKey: turn.turn.turn_key, stuckKey, spans: spendOverTheWindow() };
+}
+
+// Spends in two different spans of g2's window: a 3-minute window (48 spans of 3.75 s), 2 slots,
+// then 1 slot a span and more later. Returns the spans each landed in, as the API names them.
+function spendOverTheWindow() {
+  cli('quota', 'set', '--goal-id', 'g2', '--window-hours', '0.05', '--allowed-slots', '10');
+  cli('quota', 'spend-slot', '--goal-id', 'g2', '--agent-id', 'bob', '--slots', '2', '--effect-id', 'seed-1');
+  spawnSync('sleep', ['4']);
+  cli('quota', 'spend-slot', '--goal-id', 'g2', '--agent-id', 'bob', '--slots', '1', '--effect-id', 'seed-2');
+  const q = JSON.parse(cli('--format', 'json', 'quota', 'show', '--goal-id', 'g2'));
+  const busy = q.spend_series.net_slots.map((n, i) => [i, n]).filter(([, n]) => n !== 0);
+  assert.equal(busy.length, 2, `two spans hold the spends: ${JSON.stringify(q.spend_series)}`);
+  return busy;
 }
 
 // The first-party provider fs-observe, installed with a grant (built first if it is not).
@@ -129,7 +144,7 @@ function ok(name) {
 }
 
 async function main() {
-  const { runId, turnKey, stuckKey } = seed();
+  const { runId, turnKey, stuckKey, spans } = seed();
   const stuckSince = Date.now();
   const base = await startServer();
   ok(`loopx serve listens at ${base}`);
@@ -173,6 +188,27 @@ async function main() {
   ok('attention queue lists the gate and shows the hostile title as text, its bidi override escaped');
   await page.screenshot({ path: join(screenshots, 'attention-queue.png') });
 
+  // The quota plot of the goal with spends in two spans of its short window: one bar per span,
+  // the two spends in theirs, the running total ending at the window's spent slots.
+  await open('#/goals/g2');
+  assert.equal(await page.locator('svg.plot rect.bucket').count(), 48, 'one bar per span of the window');
+  const bars = await page.$$eval('svg.plot rect.bucket', rs => rs.map(r => Number(r.dataset.slots)));
+  const drawn = bars.map((n, i) => [i, n]).filter(([, n]) => n !== 0);
+  assert.deepEqual(drawn.map(([, n]) => n), [2, 1], 'the spends, oldest first');
+  // The window moved on since the seed read it: the spends sit as many spans apart as they did
+  // (give or take the one a span boundary may fall between).
+  const apart = drawn[1][0] - drawn[0][0];
+  assert.ok(apart >= 1 && Math.abs(apart - (spans[1][0] - spans[0][0])) <= 1,
+    `the spends are ${apart} span(s) apart; the seed saw ${JSON.stringify(spans)}`);
+  const bar = i => page.locator('svg.plot rect.bucket').nth(i);
+  assert.ok(Number(await bar(drawn[0][0]).getAttribute('height')) >
+    Number(await bar(drawn[1][0]).getAttribute('height')), 'bars scale with the slots');
+  const steps = await page.locator('svg.plot path.spend').getAttribute('d');
+  assert.equal((steps.match(/H/g) || []).length, 48, 'the running total has one step per span');
+  assert.ok((await bodyText()).includes('3 of 10 slots'), 'spent against the limit');
+  ok('quota plot: one bar per span of the window, the seeded spends in their spans, against the limit');
+
+  await open('#/');
   await follow('main a[href="#/goals/g1"]');
   assert.equal(await page.evaluate(() => location.hash), '#/goals/g1');
   text = await bodyText();
@@ -198,7 +234,16 @@ async function main() {
   await follow(`main a[href="#/goals/g1/runs/${runId}"]`);
   text = await bodyText();
   assert.ok(text.includes(runId) && text.includes(HOSTILE_SUMMARY));
-  ok('history page with rewards, and the run report permalink');
+  const reward = await page.locator('tr.reward').textContent();
+  assert.ok(reward.includes('+3') && reward.includes(shown(HOSTILE_COMMENT)),
+    `the run page shows the reward's score and comment as text: ${reward}`);
+  assert.ok(!reward.includes('\u202E'), 'no bidi override reaches the page');
+  const evidence = await page.locator('tr.evidence').allTextContents();
+  assert.ok(evidence.some(e => e.includes(HOSTILE_EVIDENCE)), `the run page shows its evidence: ${evidence}`);
+  assert.equal(await page.locator('main img, main script, main b, main svg').count(), 0,
+    'nothing the run page shows became an element');
+  assert.deepEqual(dialogs, [], 'no hostile text ran');
+  ok('history page with rewards, and the run report permalink with its reward and evidence, inert');
 
   await open('#/turns');
   text = await bodyText();
