@@ -272,11 +272,9 @@ const NAMES: [&str; 9] = [
     "history --limit 20",
 ];
 
-/// The argv of command `i` of [`NAMES`] in round `r`.
+/// The argv of command `i` of [`NAMES`] in round `r`: a turn, the tick's five commands
+/// ([`support::tick_argv`]), then three reads.
 fn argv(i: usize, r: usize) -> Vec<String> {
-    let agent = format!("bench-{r}");
-    let key = format!("k{r}");
-    let todo = format!("t{}", r + 1);
     let g = ["--goal-id", "bench"];
     let v: Vec<&str> = match i {
         0 => [
@@ -294,42 +292,7 @@ fn argv(i: usize, r: usize) -> Vec<String> {
             ],
         ]
         .concat(),
-        1 => [&["quota", "should-run"][..], &g, &["--agent-id", &agent]].concat(),
-        2 => [
-            &["todo", "claim"][..],
-            &g,
-            &[
-                "--todo-id",
-                &todo,
-                "--agent-id",
-                &agent,
-                "--idempotency-key",
-                &key,
-            ],
-        ]
-        .concat(),
-        3 => [
-            &["todo", "complete"][..],
-            &g,
-            &[
-                "--todo-id",
-                &todo,
-                "--agent-id",
-                &agent,
-                "--claim-key",
-                &key,
-                "--evidence",
-                "bench evidence",
-            ],
-        ]
-        .concat(),
-        4 => [
-            &["refresh-state"][..],
-            &g,
-            &["--agent-id", &agent, "--todo-id", &todo],
-        ]
-        .concat(),
-        5 => [&["quota", "spend-slot"][..], &g, &["--agent-id", &agent]].concat(),
+        1..=5 => return support::tick_argv(r)[i - 1].clone(),
         6 => vec!["status"],
         7 => [&["quota", "should-run"][..], &g].concat(),
         _ => [&["history"][..], &g, &["--limit", "20"]].concat(),

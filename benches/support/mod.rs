@@ -126,20 +126,27 @@ pub fn manual_tick(dir: &Path, r: usize) -> [Duration; 5] {
 
 /// [`manual_tick`] with the `loopx` binary at `bin`.
 pub fn manual_tick_at(bin: &Path, dir: &Path, r: usize) -> [Duration; 5] {
+    tick_argv(r).map(|args| {
+        loopx_at(
+            bin,
+            dir,
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+    })
+}
+
+/// The argv of the five tick commands of round `r` on goal `bench`: `should-run`, then claim,
+/// complete, refresh-state and spend-slot on todo `t{r+1}` as agent `bench-{r}`.
+pub fn tick_argv(r: usize) -> [Vec<String>; 5] {
     let agent = format!("bench-{r}");
     let key = format!("k{r}");
     let todo = format!("t{}", r + 1);
     let g = ["--goal-id", "bench"];
+    let owned = |words: Vec<&str>| words.into_iter().map(str::to_owned).collect::<Vec<_>>();
     [
-        loopx_at(
-            bin,
-            dir,
-            &[&["quota", "should-run"][..], &g, &["--agent-id", &agent]].concat(),
-        ),
-        loopx_at(
-            bin,
-            dir,
-            &[
+        owned([&["quota", "should-run"][..], &g, &["--agent-id", &agent]].concat()),
+        owned(
+            [
                 &["todo", "claim"][..],
                 &g,
                 &[
@@ -153,10 +160,8 @@ pub fn manual_tick_at(bin: &Path, dir: &Path, r: usize) -> [Duration; 5] {
             ]
             .concat(),
         ),
-        loopx_at(
-            bin,
-            dir,
-            &[
+        owned(
+            [
                 &["todo", "complete"][..],
                 &g,
                 &[
@@ -172,21 +177,15 @@ pub fn manual_tick_at(bin: &Path, dir: &Path, r: usize) -> [Duration; 5] {
             ]
             .concat(),
         ),
-        loopx_at(
-            bin,
-            dir,
-            &[
+        owned(
+            [
                 &["refresh-state"][..],
                 &g,
                 &["--agent-id", &agent, "--todo-id", &todo],
             ]
             .concat(),
         ),
-        loopx_at(
-            bin,
-            dir,
-            &[&["quota", "spend-slot"][..], &g, &["--agent-id", &agent]].concat(),
-        ),
+        owned([&["quota", "spend-slot"][..], &g, &["--agent-id", &agent]].concat()),
     ]
 }
 
