@@ -6,7 +6,9 @@
 //! server time only) for the attention queue (`/api/v1/status`), the goal page's three answers
 //! (goal with its todos, gates, quota) and two history pages (the newest, and one 500 runs
 //! back), alternating the projects; it prints the medians and the long/short ratio of the
-//! history pages (1.0 is constant cost in history length). Then, when `wrk` is installed, the
+//! history pages (1.0 is constant cost in history length). The long project also holds 100,000
+//! quota ledger rows older than the window (both hold the same 200 spends inside it), so the
+//! quota row's ratio is the spend series' cost against ledger history. Then, when `wrk` is installed, the
 //! `loopx-serve` binary on the 1,000-todo project under `wrk -t2 -c8 -d5s`, beside
 //! `loopx status --format json` run as a process and a spawn of `true`, both per second.
 //!
@@ -23,18 +25,24 @@ use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use loopx::kernel::goal::NewGoal;
 use loopx::kernel::{Actor, Kernel};
-use loopx::model::{Priority, Role, Run, Todo, TodoKind, TodoStatus};
+use loopx::model::{
+    LedgerEntry, LedgerKind, Priority, QuotaPolicy, Role, Run, Todo, TodoKind, TodoStatus,
+};
 use loopx::paths::ProjectPaths;
 use loopx_serve::{Config, router};
 use tower::ServiceExt;
 
 const TODOS: usize = 1_000;
+/// Spends inside the quota window, in both projects.
+const WINDOW_SPENDS: usize = 200;
 const ROUNDS: usize = 31;
 const HOST: &str = "127.0.0.1:7878";
 
-/// A project with goal `bench`, `todos` open todos and `runs` run rows (the shape of the root
-/// crate's `benches/support` seed, which this crate cannot include: it names the `loopx` binary).
-fn seed(dir: &Path, todos: usize, runs: usize) {
+/// A project with goal `bench`, `todos` open todos, `runs` run rows, [`WINDOW_SPENDS`] spends
+/// spread over the quota window and `old_spends` ledger rows dated before it (the shape of the
+/// root crate's `benches/support` seed, which this crate cannot include: it names the `loopx`
+/// binary).
+fn seed(dir: &Path, todos: usize, runs: usize, old_spends: usize) {
     Kernel::init(dir).unwrap().expect("fresh project");
     let mut k = Kernel::open(ProjectPaths::at(dir)).unwrap();
     let goal = NewGoal {
@@ -78,6 +86,28 @@ fn seed(dir: &Path, todos: usize, runs: usize) {
                 payload: serde_json::json!({ "i": i }),
                 created_at: now - 1_000,
             })?;
+        }
+        let window = QuotaPolicy::default().window_ms();
+        let spend = |i: usize, at: i64| LedgerEntry {
+            effect_id: format!("spend-{i}"),
+            goal_id: "bench".into(),
+            agent_id: Some(format!("hist-{}", i % 7)),
+            run_id: None,
+            slots: 1,
+            kind: LedgerKind::Spend,
+            voids_effect_id: None,
+            created_at: at,
+        };
+        for i in 0..old_spends {
+            tx.insert_ledger(&spend(i, now - 2 * window - i as i64 * 1_000))?;
+        }
+        let step = window / (WINDOW_SPENDS as i64 + 1);
+        for i in 0..WINDOW_SPENDS {
+            tx.insert_ledger(&spend(old_spends + i, now - 1_000 - i as i64 * step))?;
+        }
+        // As every spend does: the window's count moved to its start.
+        for agent in (0..7).map(|a| format!("hist-{a}")) {
+            tx.move_quota_window("bench", Some(&agent), now - window)?;
         }
         Ok(())
     })
@@ -138,8 +168,8 @@ fn main() {
     let short_dir = tempfile::tempdir().unwrap();
     let long_dir = tempfile::tempdir().unwrap();
     let seeding = Instant::now();
-    seed(short_dir.path(), TODOS, 1_000);
-    seed(long_dir.path(), TODOS, 100_000);
+    seed(short_dir.path(), TODOS, 1_000, 0);
+    seed(long_dir.path(), TODOS, 100_000, 100_000);
     println!("seeded in {:.1} s", seeding.elapsed().as_secs_f64());
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -231,6 +261,11 @@ fn check(uri: &str, body: &serde_json::Value) {
         assert_eq!(body["todos"].as_array().unwrap().len(), TODOS);
     } else if uri.contains("/history") {
         assert_eq!(body["runs"].as_array().unwrap().len(), 20, "{uri}");
+    } else if uri.ends_with("/quota") {
+        let spans = body["spend_series"]["net_slots"].as_array().unwrap();
+        let total: i64 = spans.iter().map(|n| n.as_i64().unwrap()).sum();
+        assert_eq!((spans.len(), total), (48, WINDOW_SPENDS as i64), "{uri}");
+        assert_eq!(body["quota"]["spent_slots"], WINDOW_SPENDS as i64, "{uri}");
     } else if uri.ends_with("/status") {
         assert_eq!(body["goals"].as_array().unwrap().len(), 1);
     }
