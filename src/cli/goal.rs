@@ -148,6 +148,10 @@ pub fn run(ctx: &Context, cmd: GoalCommand) -> Result<Output> {
             if let Some(p) = &goal.next_probe {
                 out = out.fields([("next probe", p.clone())]);
             }
+            if let Some(p) = kernel.goal_probe(&goal_id)? {
+                out.value["provider_probe"] = crate::kernel::projection::goal_probe_json(&p);
+                out = out.fields(super::probe::probe_fields(&p));
+            }
             Ok(out
                 .heading("Todos")
                 .table(&["id", "pri", "kind", "status", "title"], rows))

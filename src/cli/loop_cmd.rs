@@ -16,6 +16,7 @@ use crate::turn::host::install_stop_handlers;
 use crate::turn::loop_ctl::{
     DEFAULT_MAX_UNVALIDATED_TURNS, HeartbeatRequest, LoopRequest, run_heartbeat, run_loop,
 };
+use crate::turn::probe_call::call_probe;
 
 #[derive(Debug, Args)]
 pub struct LoopArgs {
@@ -134,79 +135,6 @@ pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
         .table(&["#", "todo", "kind", "time", "turn"], rows))
 }
 
-/// The text a provider-backed check compares by digest: the observation's facts and body (not
-/// its summary, which may carry timing).
-fn probe_text(obs: &serde_json::Value) -> String {
-    serde_json::to_string(&json!({"kind": obs["kind"], "facts": obs["facts"], "body": obs["body"]}))
-        .unwrap_or_default()
-}
-
-/// Longest a probe's process may run; the provider's own deadline (its manifest's limits,
-/// enforced by the plugin host in that process) is far shorter.
-const PROBE_PROCESS_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
-
-/// Runs a provider-backed monitor's probe as `loopx-wasm provider call` in a child process, with
-/// the provider's granted permissions and limits. A child, not this process: the engine's epoch
-/// ticker wakes its process every few milliseconds for as long as the engine lives, and the
-/// heartbeat must cost nothing while it sleeps (docs/decisions.md).
-fn call_probe(project: &std::path::Path, spec: &ProbeSpec) -> std::result::Result<String, String> {
-    use std::io::Read;
-    let exe = std::env::current_exe().map_err(|e| format!("locating loopx-wasm: {e}"))?;
-    let request = json!({"operation": spec.operation, "target": spec.target, "params": {}});
-    let mut child = std::process::Command::new(exe)
-        .arg("--root")
-        .arg(project)
-        .args([
-            "--format",
-            "json",
-            "provider",
-            "call",
-            &spec.provider,
-            "--input",
-            "-",
-        ])
-        .env_remove("LOOPX_TURN_KEY")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting the probe process: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(request.to_string().as_bytes());
-    }
-    let started = std::time::Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() > PROBE_PROCESS_LIMIT => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "provider {} timed out after {} s",
-                    spec.provider,
-                    PROBE_PROCESS_LIMIT.as_secs()
-                ));
-            }
-            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
-            Err(e) => return Err(format!("waiting for the probe process: {e}")),
-        }
-    };
-    let (mut out, mut err) = (Vec::new(), String::new());
-    if let Some(mut s) = child.stdout.take() {
-        let _ = s.read_to_end(&mut out);
-    }
-    if let Some(mut s) = child.stderr.take() {
-        let _ = s.read_to_string(&mut err);
-    }
-    if !status.success() {
-        let reason: String = err.trim().chars().take(1000).collect();
-        return Err(format!("provider {} failed: {reason}", spec.provider));
-    }
-    let value: serde_json::Value = serde_json::from_slice(&out)
-        .map_err(|e| format!("provider {} printed no observation: {e}", spec.provider))?;
-    Ok(probe_text(&value["observation"]))
-}
-
 fn heartbeat(ctx: &Context, args: LoopArgs) -> Result<Output> {
     let mut kernel = ctx.kernel()?;
     let req = HeartbeatRequest {
@@ -260,6 +188,15 @@ fn heartbeat(ctx: &Context, args: LoopArgs) -> Result<Output> {
             ("final route", report.final_route.to_string()),
             ("ended monitors", report.ended_monitors.join(", ")),
             ("resumed todos", report.resumed_todos.join(", ")),
+            (
+                "goal probe runs",
+                report
+                    .probe_runs
+                    .iter()
+                    .map(|r| format!("{} (revision {})", r.result, r.revision))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
             ("interrupted", report.interrupted.to_string()),
         ])
         .table(&["monitor", "check", "result", "follow-up", "detail"], rows))

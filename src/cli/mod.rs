@@ -379,7 +379,7 @@ fn dispatch(ctx: &Context, command: Command, wasm: WasmDispatch) -> Result<Outpu
         Command::Reward(Nested { command: cmd }) => reward::run(ctx, cmd),
         Command::SummaryAll(args) => summary::run(ctx, args),
         Command::Status(args) => status::run(ctx, args),
-        Command::Probe(Nested { command: cmd }) => probe::run(ctx, cmd),
+        Command::Probe(Nested { command: cmd }) => probe::run(ctx, cmd, wasm),
         Command::Doctor(args) => doctor::run(ctx, args),
         Command::Backup(args) => backup::run(ctx, args),
         Command::Gc(args) => gc::run(ctx, args),
@@ -409,6 +409,9 @@ pub fn run_wasm_command(ctx: &Context, command: Command) -> Result<Output> {
         Command::Extension(Nested { command: cmd }) => extension::run(ctx, cmd),
         Command::Capability(Nested { command: cmd }) => capability::run(ctx, cmd),
         Command::Provider(Nested { command: cmd }) => provider::run(ctx, cmd),
+        Command::Probe(Nested {
+            command: probe::ProbeCommand::Run { goal_id },
+        }) => probe::run_now(ctx, &goal_id),
         other => dispatch(ctx, other, run_wasm_command),
     }
 }

@@ -1,15 +1,21 @@
-//! Goal lifecycle (create, close, pause, resume) and the stored `next_probe`.
+//! Goal lifecycle (create, close, pause, resume), the stored `next_probe` note and the goal's
+//! provider probe.
 //!
 //! Lifecycle changes are operator decisions: an agent inside a turn cannot close or pause the goal
-//! it is working on.
+//! it is working on. The `next_probe` note is text, shown and never executed; a goal's probe runs
+//! only as a provider operation (`GoalProbe`), claimed before each run so overlapping heartbeats
+//! never run one revision twice, its outcome recorded by digest as a monitor check's is.
 
+use serde::Serialize;
 use serde_json::json;
 
+use super::monitor::{Observation, check_probe, classify, truncate};
 use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
-use crate::error::{Param, Result, bad_input, conflict, msg};
+use crate::error::{Param, Result, bad_input, conflict, msg, refused};
 use crate::ids::{slug, validate_token};
-use crate::model::{Goal, GoalStatus};
+use crate::model::monitor::GOAL_PROBE_OBSERVATION_BYTES;
+use crate::model::{CheckResult, Goal, GoalProbe, GoalStatus, ProbeSpec};
 
 /// What a caller supplies to create a goal.
 #[derive(Debug, Clone, Default)]
@@ -138,23 +144,21 @@ impl Kernel {
         Ok(goal)
     }
 
-    /// Stores (or clears, with `None`) the goal's next probe. It is shown, never executed.
+    /// Stores the goal's next-probe note (shown, never executed), or with `None` clears the note
+    /// and the goal's provider probe together.
     pub fn set_probe(
         &mut self,
         actor: &Actor,
         goal_id: &str,
         probe: Option<String>,
     ) -> Result<Goal> {
-        if let Some(p) = &probe
-            && (p.trim().is_empty() || p.len() > PROBE_TEXT_BYTES)
-        {
-            return Err(bad_input(format!(
-                "probe text is {} bytes; give 1..={PROBE_TEXT_BYTES} bytes of text, or clear the probe",
-                p.len()
-            )));
-        }
+        check_probe_text(probe.as_deref())?;
         let goal = self.write(|tx| {
             let mut goal = require_goal(tx, goal_id)?;
+            let cleared_provider = probe.is_none() && tx.goal_probe(goal_id)?.is_some();
+            if cleared_provider {
+                tx.delete_goal_probe(goal_id)?;
+            }
             goal.next_probe = probe;
             goal.updated_at = now_ms();
             tx.update_goal(&goal)?;
@@ -163,12 +167,295 @@ impl Kernel {
                 Some(goal_id),
                 actor,
                 "probe_set",
-                json!({"next_probe": goal.next_probe}),
+                json!({"next_probe": goal.next_probe, "provider_probe_cleared": cleared_provider}),
             )?;
             Ok(goal)
         })?;
+        self.after_probe_change(goal_id);
+        Ok(goal)
+    }
+
+    /// Sets the goal's provider probe (and, with `note`, its next-probe note) in one transaction.
+    /// Each call is a new revision, which the heartbeat runs once; a probe whose provider,
+    /// operation or target changed starts again from a baseline (its old digest described
+    /// something else).
+    pub fn set_provider_probe(
+        &mut self,
+        actor: &Actor,
+        goal_id: &str,
+        spec: ProbeSpec,
+        note: Option<String>,
+    ) -> Result<(Goal, GoalProbe)> {
+        check_probe(&spec)?;
+        check_probe_text(note.as_deref())?;
+        let out = self.write(|tx| {
+            let mut goal = require_goal(tx, goal_id)?;
+            let now = now_ms();
+            let probe = match tx.goal_probe(goal_id)? {
+                Some(mut old) if old.spec == spec => {
+                    old.revision += 1;
+                    old.updated_at = now;
+                    old
+                }
+                old => GoalProbe {
+                    goal_id: goal_id.to_string(),
+                    spec,
+                    revision: old.as_ref().map_or(1, |o| o.revision + 1),
+                    ran_revision: old.as_ref().map_or(0, |o| o.ran_revision),
+                    // Kept across a new spec, so a run claimed before the change is refused.
+                    run_seq: old.as_ref().map_or(0, |o| o.run_seq),
+                    runs: 0,
+                    failures: 0,
+                    last_result: None,
+                    last_digest: None,
+                    last_checked_at: None,
+                    last_failure: None,
+                    last_observation: None,
+                    changed_at: None,
+                    created_at: now,
+                    updated_at: now,
+                },
+            };
+            tx.upsert_goal_probe(&probe)?;
+            if note.is_some() {
+                goal.next_probe = note;
+                goal.updated_at = now;
+                tx.update_goal(&goal)?;
+            }
+            log_op(
+                tx,
+                Some(goal_id),
+                actor,
+                "probe_set",
+                json!({
+                    "next_probe": goal.next_probe,
+                    "provider_probe": probe.spec,
+                    "revision": probe.revision,
+                }),
+            )?;
+            Ok((goal, probe))
+        })?;
+        self.after_probe_change(goal_id);
+        Ok(out)
+    }
+
+    /// The goal's provider probe, if it has one.
+    pub fn goal_probe(&self, goal_id: &str) -> Result<Option<GoalProbe>> {
+        self.read(|tx| {
+            require_goal(tx, goal_id)?;
+            tx.goal_probe(goal_id)
+        })
+    }
+
+    /// Claims a run of the goal's provider probe for `holder`, in one transaction: bumps
+    /// `run_seq` and marks the current revision as run. With `pending_only` (the heartbeat) it
+    /// claims nothing unless the current revision has not run yet, so of two overlapping
+    /// heartbeats only the first runs it. Refused when the goal has no provider probe: its
+    /// next-probe note, if any, is text that is never executed.
+    pub fn claim_goal_probe(
+        &mut self,
+        goal_id: &str,
+        holder: &str,
+        pending_only: bool,
+    ) -> Result<Option<GoalProbeTicket>> {
+        validate_token("probe runner id", holder)?;
+        if pending_only && !self.goal_probe(goal_id)?.is_some_and(|p| p.pending()) {
+            // Most ticks: nothing to run, and no write lock taken to find that out.
+            return Ok(None);
+        }
+        self.write(|tx| {
+            let goal = require_goal(tx, goal_id)?;
+            let Some(mut probe) = tx.goal_probe(goal_id)? else {
+                return Err(refused(match goal.next_probe {
+                    Some(_) => format!(
+                        "goal '{goal_id}' has a next-probe note, which is text LoopX never \
+                         executes; set a provider probe for the goal (provider, operation and \
+                         target) to run one"
+                    ),
+                    None => format!(
+                        "goal '{goal_id}' has no provider probe; set one for the goal (provider, \
+                         operation and target) to run it"
+                    ),
+                }));
+            };
+            if pending_only && !probe.pending() {
+                return Ok(None);
+            }
+            probe.run_seq += 1;
+            probe.ran_revision = probe.revision;
+            probe.updated_at = now_ms();
+            tx.upsert_goal_probe(&probe)?;
+            let extension = probe.spec.provider.split('/').next().unwrap_or_default();
+            let refusal = tx
+                .extension(extension)?
+                .and_then(|e| write_grant_refusal(&probe.spec.provider, &e.grants));
+            log_op(
+                tx,
+                Some(goal_id),
+                &Actor::Operator,
+                "goal_probe_claim",
+                json!({"run_seq": probe.run_seq, "revision": probe.revision, "holder": holder}),
+            )?;
+            Ok(Some(GoalProbeTicket {
+                goal_id: goal_id.to_string(),
+                run_seq: probe.run_seq,
+                spec: probe.spec,
+                refusal,
+            }))
+        })
+    }
+
+    /// Records the outcome of the claimed run `run_seq` of the goal's provider probe in one
+    /// transaction (result, digest, time, failure reason, and an operation-log row): the digest
+    /// rule of monitor checks; a baseline or a change keeps the observation for the operator to
+    /// read. A result of a run another claim superseded is refused (conflict).
+    pub fn record_goal_probe(
+        &mut self,
+        actor: &Actor,
+        goal_id: &str,
+        run_seq: i64,
+        observation: &Observation,
+    ) -> Result<GoalProbeReport> {
+        let report = self.write(|tx| {
+            require_goal(tx, goal_id)?;
+            let mut probe = tx.goal_probe(goal_id)?.ok_or_else(|| {
+                conflict(format!(
+                    "the provider probe of goal '{goal_id}' was cleared while run {run_seq} ran; \
+                     its result is not recorded"
+                ))
+            })?;
+            if probe.run_seq != run_seq {
+                return Err(conflict(format!(
+                    "run {run_seq} of the provider probe of goal '{goal_id}' was superseded by \
+                     run {}; its result is not recorded",
+                    probe.run_seq
+                )));
+            }
+            let now = now_ms();
+            probe.runs += 1;
+            probe.last_checked_at = Some(now);
+            probe.updated_at = now;
+            let (result, digest) = match observation {
+                Observation::Failed(reason) => {
+                    probe.failures += 1;
+                    probe.last_failure = Some(truncate(reason, 2000).to_string());
+                    (CheckResult::Failed, None)
+                }
+                Observation::Value(text) => {
+                    let (result, d) = classify(probe.last_digest.as_deref(), text);
+                    probe.failures = 0;
+                    probe.last_failure = None;
+                    probe.last_digest = Some(d.clone());
+                    if result != CheckResult::Unchanged {
+                        probe.last_observation =
+                            Some(truncate(text, GOAL_PROBE_OBSERVATION_BYTES).to_string());
+                    }
+                    if result == CheckResult::Changed {
+                        probe.changed_at = Some(now);
+                    }
+                    (result, Some(d))
+                }
+            };
+            probe.last_result = Some(result);
+            tx.upsert_goal_probe(&probe)?;
+            log_op(
+                tx,
+                Some(goal_id),
+                actor,
+                "goal_probe_run",
+                json!({
+                    "run_seq": run_seq,
+                    "result": result,
+                    "digest": digest,
+                    "failure": probe.last_failure,
+                }),
+            )?;
+            Ok(GoalProbeReport {
+                probe,
+                result,
+                digest,
+            })
+        })?;
+        let files = self.write_goal_projection(goal_id);
+        self.after_commit("writing the goal's state files", files);
+        Ok(report)
+    }
+
+    fn after_probe_change(&mut self, goal_id: &str) {
         let registry = self.write_registry_projection();
         self.after_commit("writing registry.json", registry);
-        Ok(goal)
+        let files = self.write_goal_projection(goal_id);
+        self.after_commit("writing the goal's state files", files);
+    }
+}
+
+/// A claimed run of a goal's provider probe (see [`Kernel::claim_goal_probe`]): its result must
+/// carry this `run_seq`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GoalProbeTicket {
+    pub goal_id: String,
+    pub run_seq: i64,
+    pub spec: ProbeSpec,
+    /// Why the provider must not run at all (it holds a write grant): recorded as the failure.
+    pub refusal: Option<String>,
+}
+
+/// What recording a goal probe's run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct GoalProbeReport {
+    pub probe: GoalProbe,
+    pub result: CheckResult,
+    pub digest: Option<String>,
+}
+
+fn check_probe_text(text: Option<&str>) -> Result<()> {
+    if let Some(p) = text
+        && (p.trim().is_empty() || p.len() > PROBE_TEXT_BYTES)
+    {
+        return Err(bad_input(format!(
+            "probe text is {} bytes; give 1..={PROBE_TEXT_BYTES} bytes of text, or clear the probe",
+            p.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A goal's probe runs only read-only providers: the reason to refuse one whose extension the
+/// operator granted write access to (`fs.write:<name>=<dir>`).
+fn write_grant_refusal(provider: &str, grants: &[String]) -> Option<String> {
+    let writes: Vec<&str> = grants
+        .iter()
+        .filter(|g| g.starts_with("fs.write:"))
+        .map(|g| g.split('=').next().unwrap_or(g))
+        .collect();
+    (!writes.is_empty()).then(|| {
+        format!(
+            "provider {provider} is granted write access ({}); a goal's probe runs only \
+             read-only providers",
+            writes.join(", ")
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_grant_refusal;
+
+    #[test]
+    fn a_provider_with_a_write_grant_is_refused_and_read_grants_pass() {
+        let read = vec![
+            "fs.read:workspace=/data".to_string(),
+            "env:HOME".to_string(),
+        ];
+        assert_eq!(write_grant_refusal("x/y", &read), None);
+        let write = vec![
+            "fs.read:workspace=/data".to_string(),
+            "fs.write:out=/tmp/out".to_string(),
+        ];
+        let why = write_grant_refusal("x/y", &write).unwrap();
+        assert!(
+            why.contains("fs.write:out") && !why.contains("/tmp/out"),
+            "{why}"
+        );
     }
 }

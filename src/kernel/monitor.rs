@@ -161,6 +161,19 @@ pub fn digest(observation: &str) -> String {
     hex::encode(Sha256::digest(observation.as_bytes()))
 }
 
+/// What an observation is next to the last one's digest, and its own digest: the one rule monitor
+/// checks and goal probes share (`baseline` without a last digest, `unchanged` for the same one,
+/// `changed` otherwise).
+pub fn classify(last_digest: Option<&str>, observation: &str) -> (CheckResult, String) {
+    let d = digest(observation);
+    let result = match last_digest {
+        None => CheckResult::Baseline,
+        Some(last) if last == d => CheckResult::Unchanged,
+        Some(_) => CheckResult::Changed,
+    };
+    (result, d)
+}
+
 /// Reads the goal's monitor schedule at `now`. Visits monitors by stored due time and stops once
 /// no later one can be due earlier than the best found (a monitor's due time is never before its
 /// stored one), so a goal with many quiet monitors reads a few rows.
@@ -341,12 +354,7 @@ fn record_in_tx(
             CheckResult::Failed
         }
         Observation::Value(text) => {
-            let d = digest(text);
-            let result = match &m.last_digest {
-                None => CheckResult::Baseline,
-                Some(last) if *last == d => CheckResult::Unchanged,
-                Some(_) => CheckResult::Changed,
-            };
+            let (result, d) = classify(m.last_digest.as_deref(), text);
             match result {
                 CheckResult::Unchanged => m.no_change_count += 1,
                 _ => m.no_change_count = 0,
@@ -431,7 +439,8 @@ fn open_follow_up(
     Ok(Some(added.id))
 }
 
-fn truncate(text: &str, max: usize) -> &str {
+/// `text` cut to at most `max` bytes at a character boundary.
+pub(crate) fn truncate(text: &str, max: usize) -> &str {
     if text.len() <= max {
         return text;
     }

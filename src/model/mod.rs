@@ -11,7 +11,7 @@ pub mod monitor;
 pub use journal::{
     COMPACTED_KEYS, JournalStatus, Phase, TurnRecord, TurnResultKind, compact_journal_data,
 };
-pub use monitor::{CheckResult, Deferral, Monitor, MonitorFollowUp, ProbeSpec};
+pub use monitor::{CheckResult, Deferral, GoalProbe, Monitor, MonitorFollowUp, ProbeSpec};
 
 use serde::{Deserialize, Serialize};
 

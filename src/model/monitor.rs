@@ -129,6 +129,50 @@ impl Monitor {
     }
 }
 
+/// Longest observation text a goal probe keeps for the operator to read (its digest covers all
+/// of it).
+pub const GOAL_PROBE_OBSERVATION_BYTES: usize = 4096;
+
+/// A goal's provider probe (table `goal_probes`, migration 10): the executable form of the goal's
+/// `next_probe`, which stays a note that is never run. The heartbeat runs each revision once
+/// (`revision` above `ran_revision`), and `probe run` runs it on demand; every run is claimed
+/// first (`run_seq`), so two overlapping heartbeats never run one revision twice and a result
+/// carrying a superseded `run_seq` is refused. Results compare digests as monitor checks do.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GoalProbe {
+    pub goal_id: String,
+    pub spec: ProbeSpec,
+    /// Bumped by every `probe set` of a provider probe.
+    pub revision: i64,
+    /// The revision the latest claimed run ran; the heartbeat runs the probe while it is below
+    /// `revision`.
+    pub ran_revision: i64,
+    /// Bumped by every claimed run.
+    pub run_seq: i64,
+    /// Runs recorded (any result).
+    pub runs: i64,
+    /// Failed runs in a row (reset by a successful one).
+    pub failures: i64,
+    pub last_result: Option<CheckResult>,
+    pub last_digest: Option<String>,
+    pub last_checked_at: Option<i64>,
+    pub last_failure: Option<String>,
+    /// The observation of the latest baseline or change, at most
+    /// [`GOAL_PROBE_OBSERVATION_BYTES`]: the record of what changed, shown inert.
+    pub last_observation: Option<String>,
+    /// When the latest change was seen.
+    pub changed_at: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl GoalProbe {
+    /// Whether the current revision has not been run yet (the heartbeat runs it once).
+    pub fn pending(&self) -> bool {
+        self.ran_revision < self.revision
+    }
+}
+
 /// A deferred todo's resume time (table `todo_deferrals`): the todo goes back to `open` at
 /// `until_at` by itself (the next heartbeat tick or kernel write on the goal).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -13,6 +13,7 @@ use serde::Serialize;
 use super::driver::{PROJECTION_INTERVAL_MS, refresh_projection, run_turn};
 use super::host::stop_requested;
 use super::outcome::{TurnOutcome, plan};
+pub use super::probe_call::ProbeFn;
 use super::recovery::recover;
 use super::request::TurnRequest;
 use super::{JournalStatus, TurnResultKind};
@@ -23,7 +24,7 @@ use crate::kernel::Kernel;
 use crate::kernel::decision::TurnRoute;
 use crate::kernel::monitor::Observation;
 use crate::kernel::watch::ChangeWatcher;
-use crate::model::{ProbeSpec, wire_enum};
+use crate::model::wire_enum;
 
 pub const LOOP_SCHEMA: &str = "loopx.loop_report.v1";
 
@@ -363,11 +364,6 @@ pub const HEARTBEAT_SCHEMA: &str = "loopx.heartbeat_report.v1";
 /// store's change counter per bound is all a sleeping heartbeat does.
 const STOP_CHECK: Duration = Duration::from_secs(1);
 
-/// Runs a provider-backed monitor's probe: the observation's text, or why there is none. The
-/// plugin host (in `loopx-wasm`) fills it in; the heartbeat itself links no engine.
-pub type ProbeFn<'a> =
-    dyn FnMut(&mut Kernel, &ProbeSpec) -> std::result::Result<String, String> + 'a;
-
 /// A `loopx loop --watch` (runs until a signal) or `loopx loop --once` (one tick) invocation.
 #[derive(Debug, Clone)]
 pub struct HeartbeatRequest {
@@ -395,6 +391,18 @@ pub struct HeartbeatCheck {
     pub detail: Option<String>,
 }
 
+/// One run of the goal's provider probe the heartbeat made (once per revision of the probe).
+#[derive(Debug, Clone, Serialize)]
+pub struct HeartbeatProbeRun {
+    pub run_seq: i64,
+    pub revision: i64,
+    /// `baseline`, `unchanged`, `changed` or `failed`.
+    pub result: crate::model::CheckResult,
+    pub digest: Option<String>,
+    /// Why the run failed.
+    pub detail: Option<String>,
+}
+
 /// What a heartbeat did.
 #[derive(Debug, Clone, Serialize)]
 pub struct HeartbeatReport {
@@ -403,6 +411,8 @@ pub struct HeartbeatReport {
     pub agent_id: String,
     pub ticks: u64,
     pub checks: Vec<HeartbeatCheck>,
+    /// Runs of the goal's provider probe (each new revision once).
+    pub probe_runs: Vec<HeartbeatProbeRun>,
     pub turns: Vec<TurnOutcome>,
     pub ended_monitors: Vec<String>,
     pub resumed_todos: Vec<String>,
@@ -433,8 +443,9 @@ fn sleep_until_change(
 }
 
 /// The heartbeat: each tick ends monitors past `--until` and resumes deferred todos, runs the due
-/// provider-backed checks (claimed in the kernel, so an overlapping heartbeat or cron tick never
-/// runs one twice; no agent turn, no quota slot), then runs agent turns while the decision says
+/// provider-backed checks and a new revision of the goal's provider probe (claimed in the kernel,
+/// so an overlapping heartbeat or cron tick never runs one twice; no agent turn, no quota slot),
+/// then runs agent turns while the decision says
 /// one is ready (agent work or an agent-backed monitor). With `once` it stops there; otherwise it
 /// sleeps until the next thing is due or another process commits, and goes on until a signal.
 pub fn run_heartbeat(
@@ -471,6 +482,7 @@ pub fn run_heartbeat(
         agent_id: agent_id.clone(),
         ticks: 0,
         checks: Vec::new(),
+        probe_runs: Vec::new(),
         turns: Vec::new(),
         ended_monitors: Vec::new(),
         resumed_todos: Vec::new(),
@@ -537,6 +549,30 @@ pub fn run_heartbeat(
                 check.check_seq, check.todo_id, check.result
             ));
             report.checks.push(check);
+        }
+        // The goal's provider probe, once per revision: claimed first, so an overlapping
+        // heartbeat finds it run.
+        if !stop_requested()
+            && let Some(run) = super::probe_call::run_goal_probe(
+                kernel,
+                &Actor::Operator,
+                &goal_id,
+                &holder,
+                true,
+                probe,
+            )?
+        {
+            on_event(&format!(
+                "goal probe run {} (revision {}): {}",
+                run.probe.run_seq, run.probe.revision, run.result
+            ));
+            report.probe_runs.push(HeartbeatProbeRun {
+                run_seq: run.probe.run_seq,
+                revision: run.probe.revision,
+                result: run.result,
+                digest: run.digest,
+                detail: run.probe.last_failure,
+            });
         }
         let decision = plan(kernel, &goal_id, &agent_id)?;
         report.final_route = decision.route;

@@ -36,6 +36,7 @@ mod lock;
 pub mod loop_ctl;
 pub mod outcome;
 mod phases;
+pub mod probe_call;
 pub mod recovery;
 pub mod request;
 pub mod result;

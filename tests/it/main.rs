@@ -11,6 +11,7 @@ mod cli_conventions;
 mod crash_kill;
 mod demo;
 mod flag_ranges;
+mod goal_probe;
 mod inert_output;
 mod input_limits;
 mod kernel_cli;

@@ -15,7 +15,7 @@ const T0: i64 = 1_796_187_600_000;
 const HOUR: i64 = 3_600_000;
 const MINUTE: i64 = 60_000;
 
-fn project() -> Project {
+pub(crate) fn project() -> Project {
     let p = Project::new();
     p.ok(&["goal", "create", "--id", "g", "--title", "Monitors"]);
     p
@@ -466,7 +466,7 @@ fn should_run_stays_pure_and_its_hint_is_exact() {
     assert_eq!(d["selected_todo"]["id"], "m2");
 }
 
-fn fs_project(dir: &std::path::Path) -> Project {
+pub(crate) fn fs_project(dir: &std::path::Path) -> Project {
     wasm("fs-observe");
     let p = project();
     let grant = format!("fs.read:workspace={}", dir.display());

@@ -205,3 +205,33 @@ pub(super) fn archive_run_markdown(md: &mut String, r: &Run) {
 pub(super) fn archive_markdown_tail(runs: usize) -> &'static str {
     if runs == 0 { "(none)\n" } else { "" }
 }
+
+/// The goal's provider probe and its last outcome, appended to `STATE.md` where the goal has one
+/// (the observation through `md_code`, inert).
+pub(super) fn goal_probe_markdown(md: &mut String, p: &crate::model::GoalProbe) {
+    let _ = write!(
+        md,
+        "\n## Provider probe (run by the heartbeat once per revision, or `probe run`)\n\n- {} {} on {}, revision {}{}\n- last run: {} ({}), {} run(s), {} failure(s) in a row\n",
+        md_inline(&p.spec.provider),
+        md_inline(&p.spec.operation),
+        md_inline(&p.spec.target),
+        p.revision,
+        if p.pending() { ", not run yet" } else { "" },
+        p.last_checked_at
+            .map(rfc3339)
+            .unwrap_or_else(|| "never".into()),
+        p.last_result.map(|r| r.as_str()).unwrap_or("none"),
+        p.runs,
+        p.failures,
+    );
+    if let Some(f) = &p.last_failure {
+        let _ = writeln!(md, "- last failure: {}", md_inline(f));
+    }
+    if let Some(o) = &p.last_observation {
+        let _ = write!(
+            md,
+            "- last observation (baseline or change):\n\n{}\n",
+            md_code(o)
+        );
+    }
+}

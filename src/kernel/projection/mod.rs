@@ -32,6 +32,7 @@ pub(crate) use files::check_before_overwrite;
 use files::{PendingFile, ProjectionWriter, write_json_projection, write_once};
 pub use files::{check_json_projection, write_atomic};
 use markdown::{run_markdown, state_markdown, todo_markdown};
+pub use wire::goal_probe_json;
 pub use wire::monitor_json;
 use wire::pretty;
 pub use wire::{EvidenceView, TodoView, evidence_json, goal_json, run_json, todo_json};
@@ -66,6 +67,8 @@ pub(crate) struct GoalProjection {
     counts: Vec<(String, String, i64)>,
     /// The goal's monitors whose todo is not terminal, by due time.
     monitors: Vec<crate::model::Monitor>,
+    /// The goal's provider probe, if it has one.
+    goal_probe: Option<crate::model::GoalProbe>,
 }
 
 /// The projections' live window: finished todos last written before `finished_since` are left
@@ -151,7 +154,9 @@ impl GoalProjection {
             monitors.push(m.monitor.clone());
             Ok(true)
         })?;
+        let goal_probe = tx.goal_probe(goal_id)?;
         Ok(GoalProjection {
+            goal_probe,
             monitors,
             window: LiveWindow::new(days, finished_since, &counts, &todos),
             todos,
@@ -281,6 +286,7 @@ fn write_state_json(w: &mut ProjectionWriter, p: &GoalProjection) -> std::io::Re
         quota,
         window,
         monitors,
+        goal_probe,
         ..
     } = p;
     let now = *now;
@@ -320,6 +326,10 @@ fn write_state_json(w: &mut ProjectionWriter, p: &GoalProjection) -> std::io::Re
             })
             .collect();
         field(w, "monitors", &list)?;
+    }
+    if let Some(probe) = goal_probe {
+        // Only where the goal has a provider probe, as with monitors.
+        field(w, "goal_probe", &wire::goal_probe_json(probe))?;
     }
     field(w, "live_window", &window.to_json())?;
     write!(w, "  \"quota\": ")?;
@@ -368,19 +378,19 @@ impl Kernel {
         write_json_projection(&self.paths().goal_state_json(&p.goal.id), |w| {
             write_state_json(w, p)
         })?;
-        write_atomic(
-            &self.paths().goal_state_md(&p.goal.id),
-            state_markdown(
-                &p.goal,
-                &p.todos,
-                &p.evidence,
-                &p.quota,
-                &p.window,
-                &p.monitors,
-                p.now,
-            )
-            .as_bytes(),
-        )?;
+        let mut md = state_markdown(
+            &p.goal,
+            &p.todos,
+            &p.evidence,
+            &p.quota,
+            &p.window,
+            &p.monitors,
+            p.now,
+        );
+        if let Some(probe) = &p.goal_probe {
+            markdown::goal_probe_markdown(&mut md, probe);
+        }
+        write_atomic(&self.paths().goal_state_md(&p.goal.id), md.as_bytes())?;
         // One `stat` when the month that last left the live window is archived already.
         self.write_goal_archives_before(&p.goal.id, p.window.finished_since)
     }

@@ -137,6 +137,27 @@ pub fn goal_json(goal: &Goal) -> Value {
     })
 }
 
+/// The wire shape of a goal's provider probe and its last outcome (`probe show`, `goal show`,
+/// `state.json`): the observation is the exact text (JSON keeps it; text output shows it inert).
+pub fn goal_probe_json(p: &crate::model::GoalProbe) -> Value {
+    json!({
+        "provider": p.spec.provider,
+        "operation": p.spec.operation,
+        "target": p.spec.target,
+        "revision": p.revision,
+        "pending": p.pending(),
+        "runs": p.runs,
+        "run_seq": p.run_seq,
+        "failures": p.failures,
+        "last_result": p.last_result,
+        "last_digest": p.last_digest,
+        "last_checked_at": p.last_checked_at.map(rfc3339),
+        "last_failure": p.last_failure,
+        "last_observation": p.last_observation,
+        "changed_at": p.changed_at.map(rfc3339),
+    })
+}
+
 /// The wire shape of one evidence item, serialized straight from the record: `state.json` carries
 /// the goal's 50 most recent on every refresh. Keys are in alphabetical order, the order they had
 /// as a `serde_json` object.

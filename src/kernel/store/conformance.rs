@@ -59,6 +59,7 @@ pub(crate) fn run_all(fresh: Fresh<'_>) {
             "monitors and deferrals",
             monitors_list_by_due_time_and_follow_their_todos,
         ),
+        ("goal probes", goal_probes_round_trip_one_row_per_goal),
         (
             "retention",
             retention_compacts_only_settled_turns_and_reads_the_live_window,
@@ -759,6 +760,63 @@ pub(crate) fn monitors_list_by_due_time_and_follow_their_todos(open: Factory<'_>
     write(&mut *store, |tx| tx.set_deferral("g", "y", None).unwrap());
     read(&*store, |tx| {
         assert_eq!(tx.deferral("g", "y").unwrap(), None)
+    });
+}
+
+/// A goal's provider probe reads back as written, an upsert replaces it (one row per goal), other
+/// goals keep theirs, and a delete removes only the goal's own.
+pub(crate) fn goal_probes_round_trip_one_row_per_goal(open: Factory<'_>) {
+    let probe = |goal_id: &str, revision: i64| crate::model::GoalProbe {
+        goal_id: goal_id.into(),
+        spec: crate::model::ProbeSpec {
+            provider: "fs-observe/fs".into(),
+            operation: "metric".into(),
+            target: "m.txt".into(),
+        },
+        revision,
+        ran_revision: 0,
+        run_seq: 0,
+        runs: 0,
+        failures: 0,
+        last_result: None,
+        last_digest: None,
+        last_checked_at: None,
+        last_failure: None,
+        last_observation: None,
+        changed_at: None,
+        created_at: 1,
+        updated_at: 1,
+    };
+    let mut store = open();
+    write(&mut *store, |tx| {
+        tx.insert_goal(&goal("g")).unwrap();
+        tx.insert_goal(&goal("h")).unwrap();
+        tx.upsert_goal_probe(&probe("g", 1)).unwrap();
+        tx.upsert_goal_probe(&probe("h", 1)).unwrap();
+        let mut ran = probe("g", 2);
+        ran.ran_revision = 2;
+        ran.run_seq = 5;
+        ran.runs = 4;
+        ran.last_result = Some(crate::model::CheckResult::Changed);
+        ran.last_digest = Some("d".into());
+        ran.last_observation = Some("rps = 9".into());
+        ran.last_checked_at = Some(7);
+        ran.changed_at = Some(7);
+        tx.upsert_goal_probe(&ran).unwrap();
+    });
+    read(&*store, |tx| {
+        let g = tx.goal_probe("g").unwrap().unwrap();
+        assert_eq!((g.revision, g.run_seq, g.runs), (2, 5, 4));
+        assert_eq!(g.last_result, Some(crate::model::CheckResult::Changed));
+        assert_eq!(g.last_observation.as_deref(), Some("rps = 9"));
+        assert!(!g.pending());
+        assert_eq!(tx.goal_probe("h").unwrap(), Some(probe("h", 1)));
+        assert_eq!(tx.goal_probe("none").unwrap(), None);
+    });
+    write(&mut *store, |tx| tx.delete_goal_probe("g").unwrap());
+    read(&*store, |tx| {
+        assert_eq!(tx.goal_probe("g").unwrap(), None);
+        assert!(tx.goal_probe("h").unwrap().is_some());
     });
 }
 

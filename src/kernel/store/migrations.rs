@@ -12,6 +12,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (7, V7),
     (8, V8),
     (9, V9),
+    (10, V10),
 ];
 
 const V1: &str = r#"
@@ -330,4 +331,28 @@ CREATE INDEX deferrals_by_time ON todo_deferrals(goal_id, until_at);
 /// a hundred thousand finished todos is most of the database's pages on every `should-run`.
 const V9: &str = r#"
 CREATE INDEX todos_by_expiry ON todos(goal_id, status, claim_expires_at);
+"#;
+/// A goal's provider probe, the executable form of its `next_probe` note: one row per goal, the
+/// probe's spec, its revision and the claim of its runs, and the last outcome (docs/state-model.md,
+/// "Goal probes").
+const V10: &str = r#"
+CREATE TABLE goal_probes (
+    goal_id TEXT PRIMARY KEY,
+    provider TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    target TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    ran_revision INTEGER NOT NULL DEFAULT 0,
+    run_seq INTEGER NOT NULL DEFAULT 0,
+    runs INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
+    last_result TEXT,
+    last_digest TEXT,
+    last_checked_at INTEGER,
+    last_failure TEXT,
+    last_observation TEXT,
+    changed_at INTEGER,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+) WITHOUT ROWID;
 "#;

@@ -166,7 +166,7 @@ pub trait Store: Send {
 }
 
 /// Queries inside one transaction, read snapshot or write. Has no method that writes.
-pub trait StoreRead: MonitorRead {
+pub trait StoreRead: MonitorRead + GoalProbeRead {
     // Goals (layer 1 registry + layer 2 goal state).
     fn goal(&self, id: &str) -> Result<Option<Goal>>;
     fn goals(&self) -> Result<Vec<Goal>>;
@@ -279,7 +279,7 @@ pub trait StoreRead: MonitorRead {
 }
 
 /// Writes inside one write transaction, which also reads what it has written.
-pub trait StoreTx: StoreRead + MonitorTx {
+pub trait StoreTx: StoreRead + MonitorTx + GoalProbeTx {
     fn commit(self: Box<Self>) -> Result<()>;
 
     // Goals (layer 1 registry + layer 2 goal state).
@@ -505,4 +505,14 @@ pub trait MonitorTx: MonitorRead {
     fn upsert_monitor(&self, monitor: &Monitor) -> Result<()>;
     /// Sets (or with `None` removes) a todo's resume time.
     fn set_deferral(&self, goal_id: &str, todo_id: &str, until_at: Option<i64>) -> Result<()>;
+}
+/// The goal's provider probe (table `goal_probes`), part of every [`StoreRead`].
+pub trait GoalProbeRead {
+    fn goal_probe(&self, goal_id: &str) -> Result<Option<crate::model::GoalProbe>>;
+}
+
+/// Goal probe writes, part of every [`StoreTx`].
+pub trait GoalProbeTx: GoalProbeRead {
+    fn upsert_goal_probe(&self, probe: &crate::model::GoalProbe) -> Result<()>;
+    fn delete_goal_probe(&self, goal_id: &str) -> Result<()>;
 }

@@ -14,6 +14,7 @@ mod damage;
 mod decode;
 mod errors;
 mod extensions;
+mod goal_probes;
 mod goals;
 mod integrity;
 mod monitors;
