@@ -257,7 +257,11 @@ pub fn run(ctx: &Context, cmd: QuotaCommand) -> Result<Output> {
             )
         }
         QuotaCommand::Show { goal_id, agent_id } => {
-            let (q, ledger, series) = kernel.quota_with_series(&goal_id, agent_id.as_deref())?;
+            let crate::kernel::quota::QuotaReport {
+                view: q,
+                recent_ledger: ledger,
+                spend_series: series,
+            } = kernel.quota(&goal_id, agent_id.as_deref())?;
             let rows = ledger
                 .iter()
                 .map(|e| {

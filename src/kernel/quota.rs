@@ -325,36 +325,31 @@ pub(crate) fn spend_in_tx(
     })
 }
 
-impl Kernel {
-    pub fn quota(
-        &self,
-        goal_id: &str,
-        agent_id: Option<&str>,
-    ) -> Result<(QuotaView, Vec<LedgerEntry>)> {
-        self.read(|tx| {
-            require_goal(tx, goal_id)?;
-            Ok((
-                view_in_tx(tx, goal_id, agent_id, now_ms())?,
-                tx.recent_ledger(goal_id, 20)?,
-            ))
-        })
-    }
+/// What `quota show` reads in one snapshot at one `now`: the view, the newest ledger rows and the
+/// window's spend series (which therefore sums to the view's spent slots).
+#[derive(Debug, Clone)]
+pub struct QuotaReport {
+    pub view: QuotaView,
+    /// The newest [`QuotaReport::LEDGER_ROWS`] ledger rows, newest first.
+    pub recent_ledger: Vec<LedgerEntry>,
+    pub spend_series: SpendSeries,
+}
 
-    /// [`Kernel::quota`] and the goal's [`SpendSeries`], read in one snapshot at one `now`, so
-    /// the series sums to the view's spent slots.
-    pub fn quota_with_series(
-        &self,
-        goal_id: &str,
-        agent_id: Option<&str>,
-    ) -> Result<(QuotaView, Vec<LedgerEntry>, SpendSeries)> {
+impl QuotaReport {
+    pub const LEDGER_ROWS: usize = 20;
+}
+
+impl Kernel {
+    /// The goal's quota as `agent_id` (or the goal as a whole) sees it now.
+    pub fn quota(&self, goal_id: &str, agent_id: Option<&str>) -> Result<QuotaReport> {
         self.read(|tx| {
             require_goal(tx, goal_id)?;
             let now = now_ms();
-            Ok((
-                view_in_tx(tx, goal_id, agent_id, now)?,
-                tx.recent_ledger(goal_id, 20)?,
-                spend_series_in_tx(tx, goal_id, now)?,
-            ))
+            Ok(QuotaReport {
+                view: view_in_tx(tx, goal_id, agent_id, now)?,
+                recent_ledger: tx.recent_ledger(goal_id, QuotaReport::LEDGER_ROWS)?,
+                spend_series: spend_series_in_tx(tx, goal_id, now)?,
+            })
         })
     }
 
@@ -525,7 +520,7 @@ mod tests {
     #[test]
     fn policy_values_outside_their_ranges_are_refused_by_the_kernel() {
         let (_dir, mut k) = crate::kernel::test_project::with_goal_g();
-        let before = k.quota("g", None).unwrap().0;
+        let before = k.quota("g", None).unwrap().view;
         let bad = [
             PolicyPatch {
                 slot_minutes: Some(1e-300),
@@ -556,7 +551,7 @@ mod tests {
             assert!(err.to_string().contains("valid range"), "{err}");
         }
         assert_eq!(
-            k.quota("g", None).unwrap().0.allowed_slots,
+            k.quota("g", None).unwrap().view.allowed_slots,
             before.allowed_slots
         );
         k.set_quota(
@@ -589,7 +584,11 @@ mod tests {
             .unwrap();
         }
         k.void_spend(&Actor::Operator, "g", "e1").unwrap();
-        let (view, _, series) = k.quota_with_series("g", None).unwrap();
+        let QuotaReport {
+            view,
+            spend_series: series,
+            ..
+        } = k.quota("g", None).unwrap();
         assert_eq!(series.net_slots.len(), SPEND_SERIES_BUCKETS);
         let window = QuotaPolicy::default().window_ms();
         assert_eq!(series.to - series.from, window + 1);
@@ -616,7 +615,7 @@ mod tests {
             },
         )
         .unwrap();
-        let (_, _, series) = k.quota_with_series("g", None).unwrap();
+        let series = k.quota("g", None).unwrap().spend_series;
         assert_eq!(series.to - series.from, 3_600_000 + 1);
     }
 }

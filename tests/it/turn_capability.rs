@@ -171,7 +171,7 @@ fn wasm_capability_failure_is_writeback_failed() {
     assert_eq!(todo.status.as_str(), "open");
     assert!(todo.claim.is_none());
     assert!(evidence.is_empty(), "nothing admitted");
-    let (q, _) = pp.kernel.quota("g", None).unwrap();
+    let q = pp.kernel.quota("g", None).unwrap().view;
     assert_eq!(q.spent_slots, 0);
 }
 
