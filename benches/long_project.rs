@@ -159,7 +159,7 @@ fn turn_request(agent: &str) -> TurnRequest {
 
 /// Adds `HISTORY` settled turns to the project in `dir`, each a copy of what one real turn left
 /// in `template` (its todo, evidence, run, spend, journal row and op-log rows) with its own ids,
-/// dated one a minute up to now.
+/// dated one a minute up to now; each todo depends on the one before it.
 fn add_history(k: &mut Kernel, template: &mut Kernel, history: usize) {
     let o = run_turn(template, &turn_request("hist-0")).unwrap();
     assert_eq!(o.kind, Some(TurnResultKind::ValidatedCompletion), "{o:?}");
@@ -199,6 +199,12 @@ fn add_history(k: &mut Kernel, template: &mut Kernel, history: usize) {
                     created_at: at,
                     updated_at: at,
                     claim: None,
+                    // A chain, so the history holds as many dependency rows as todos.
+                    depends_on: i
+                        .checked_sub(1)
+                        .map(|p| format!("h{p}"))
+                        .into_iter()
+                        .collect(),
                     ..todo.clone()
                 })?;
                 for e in &evidence {

@@ -13,6 +13,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (8, V8),
     (9, V9),
     (10, V10),
+    (11, V11),
 ];
 
 const V1: &str = r#"
@@ -332,6 +333,7 @@ CREATE INDEX deferrals_by_time ON todo_deferrals(goal_id, until_at);
 const V9: &str = r#"
 CREATE INDEX todos_by_expiry ON todos(goal_id, status, claim_expires_at);
 "#;
+
 /// A goal's provider probe, the executable form of its `next_probe` note: one row per goal, the
 /// probe's spec, its revision and the claim of its runs, and the last outcome (docs/state-model.md,
 /// "Goal probes").
@@ -355,4 +357,10 @@ CREATE TABLE goal_probes (
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL
 ) WITHOUT ROWID;
+"#;
+
+/// A new todo's `seq` (one more than the goal's largest) as one index probe: without it every
+/// `todo add` and every turn's follow-up walks all the goal's todos, finished ones included.
+const V11: &str = r#"
+CREATE INDEX todos_by_seq ON todos(goal_id, seq);
 "#;

@@ -274,6 +274,7 @@ impl Db<'_> {
         self.visit_todos(
             " AND id IN (SELECT value FROM json_each(?2))",
             params![goal_id, to_json(&uncached)],
+            super::todos::DepsLookup::PerTodo,
             &mut |todo, order| visit(ProjectedTodo::Uncached(todo, order)),
         )
     }

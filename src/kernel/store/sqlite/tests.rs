@@ -459,6 +459,28 @@ fn the_next_lease_expiry_is_one_index_probe() {
     );
 }
 
+#[test]
+fn a_new_todos_seq_is_one_index_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+    let plan: Vec<String> = store
+        .conn
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            super::todos::NEXT_TODO_SEQ
+        ))
+        .unwrap()
+        .query_map(["g"], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(
+        plan,
+        ["SEARCH todos USING COVERING INDEX todos_by_seq (goal_id=?)"],
+        "{plan:?}"
+    );
+}
+
 /// The live statuses and the finished ones are every status, once.
 #[test]
 fn live_and_terminal_statuses_partition_the_statuses() {

@@ -15,6 +15,19 @@ pub(super) const OPEN_USER_TODO_IDS: &str = "SELECT id FROM todos INDEXED BY tod
      WHERE goal_id = ?1 AND role = 'user' AND status NOT IN ('completed', 'archived') \
      ORDER BY priority, seq";
 
+/// How [`Db::visit_todos`] reads dependencies: the goal's whole map in one pass when it visits
+/// every todo, or one index probe per todo when it visits a few (the map holds the goal's whole
+/// history).
+#[derive(Clone, Copy)]
+pub(super) enum DepsLookup {
+    WholeGoal,
+    PerTodo,
+}
+
+/// The `seq` of a goal's next todo (`?1` is the goal): the `todos_by_seq` index's last entry.
+pub(super) const NEXT_TODO_SEQ: &str =
+    "SELECT COALESCE(MAX(seq), 0) + 1 FROM todos WHERE goal_id = ?1";
+
 impl Db<'_> {
     pub(super) fn deps_of(&self, goal_id: &str, todo_id: &str) -> Result<Vec<String>> {
         let mut stmt = self
@@ -79,6 +92,7 @@ impl Db<'_> {
         &self,
         and_where: &str,
         params: impl rusqlite::Params,
+        deps: DepsLookup,
         visit: &mut dyn FnMut(&Todo, TodoOrder) -> Result<()>,
     ) -> Result<()> {
         let mut stmt = self
@@ -89,7 +103,7 @@ impl Db<'_> {
             .map_err(self.err("listing todos"))?;
         let mut rows = stmt.query(params).map_err(self.err("listing todos"))?;
         let mut current: Option<Todo> = None;
-        let mut deps: Option<std::collections::HashMap<String, Vec<String>>> = None;
+        let mut goal_deps: Option<std::collections::HashMap<String, Vec<String>>> = None;
         while let Some(row) = rows.next().map_err(self.err("listing todos"))? {
             let todo = match current.as_mut() {
                 Some(todo) => {
@@ -98,11 +112,16 @@ impl Db<'_> {
                 }
                 None => current.insert(todo_from_row(row).map_err(self.err("listing todos"))?),
             };
-            let deps = match &mut deps {
-                Some(deps) => deps,
-                None => deps.insert(self.goal_deps(&todo.goal_id)?),
+            todo.depends_on = match deps {
+                DepsLookup::WholeGoal => {
+                    let all = match &mut goal_deps {
+                        Some(all) => all,
+                        None => goal_deps.insert(self.goal_deps(&todo.goal_id)?),
+                    };
+                    all.remove(&todo.id).unwrap_or_default()
+                }
+                DepsLookup::PerTodo => self.deps_of(&todo.goal_id, &todo.id)?,
             };
-            todo.depends_on = deps.remove(&todo.id).unwrap_or_default();
             let seq = row
                 .get(TODO_COLUMN_COUNT)
                 .map_err(self.err("listing todos"))?;
@@ -162,7 +181,7 @@ impl Db<'_> {
         if insert {
             let sql = format!(
                 "INSERT INTO todos ({TODO_COLUMNS}, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, \
-                 ?14, ?15, ?16, ?17, ?18, ?19, ?20, (SELECT COALESCE(MAX(seq), 0) + 1 FROM todos WHERE goal_id = ?1))"
+                 ?14, ?15, ?16, ?17, ?18, ?19, ?20, ({NEXT_TODO_SEQ}))"
             );
             self.conn
                 .prepare_cached(&sql)
@@ -236,7 +255,7 @@ impl Db<'_> {
         goal_id: &str,
         visit: &mut dyn FnMut(&Todo, TodoOrder) -> Result<()>,
     ) -> Result<()> {
-        self.visit_todos("", params![goal_id], visit)
+        self.visit_todos("", params![goal_id], DepsLookup::WholeGoal, visit)
     }
 
     pub(super) fn todo_count(&self, goal_id: &str) -> Result<i64> {
