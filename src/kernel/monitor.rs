@@ -412,6 +412,43 @@ fn record_in_tx(
     })
 }
 
+/// Why a turn on a monitor recorded a failed check: it settled without an observation.
+pub const NO_TURN_OBSERVATION: &str = "the turn reported no observation";
+
+/// The check a turn on scheduled monitor `todo_id` reports as its result's `monitor_observation`,
+/// recorded inside the transaction that settles the turn's writeback, by the rules of
+/// [`Kernel::record_check`] (the same [`record_in_tx`]). A turn whose result carries none and that
+/// recorded no check itself during the turn (no `todo check` since the lease was granted) records
+/// a failed check ([`NO_TURN_OBSERVATION`]). Nothing is recorded for a todo that is not a
+/// scheduled monitor, one that ended, or one whose lease another agent holds now.
+pub(crate) fn record_turn_check_in_tx(
+    tx: &dyn StoreTx,
+    actor: &Actor,
+    goal_id: &str,
+    todo_id: &str,
+    agent_id: &str,
+    observation: Option<&str>,
+    now: i64,
+) -> Result<Option<CheckReport>> {
+    let Some(todo) = tx.todo(goal_id, todo_id)? else {
+        return Ok(None);
+    };
+    let Some(mut m) = tx.monitor(goal_id, todo_id)? else {
+        return Ok(None);
+    };
+    let taken_over = todo.claim.as_ref().is_some_and(|c| c.agent_id != agent_id);
+    if todo.status.is_terminal() || m.expired(now) || taken_over {
+        return Ok(None);
+    }
+    let observation = match observation {
+        Some(text) => Observation::Value(text.to_string()),
+        None if m.checked_fence >= todo.last_fence => return Ok(None),
+        None => Observation::Failed(NO_TURN_OBSERVATION.to_string()),
+    };
+    m.check_seq += 1;
+    record_in_tx(tx, actor, &todo, m, &observation, now).map(Some)
+}
+
 /// The follow-up a material change declares: an agent todo to act on it, or one (at P0) to
 /// replan the goal; none for `--watch-only`.
 fn open_follow_up(

@@ -74,6 +74,9 @@ pub enum PhaseEffect {
     Admit {
         source: ProposalSource,
         proposals: Vec<Transition>,
+        /// The result's `monitor_observation`: on a scheduled monitor, recorded as its check in
+        /// the same transaction (`monitor::record_turn_check_in_tx`).
+        monitor_observation: Option<String>,
     },
     /// Spend one slot under the turn's effect id `turn:<turn key>` (`quota_spend`).
     Spend,
@@ -303,7 +306,11 @@ impl Kernel {
             let todo_id = current.todo_id.clone().unwrap_or_default();
             let outcome = match effect {
                 PhaseEffect::JournalOnly => EffectOutcome::None,
-                PhaseEffect::Admit { source, proposals } => {
+                PhaseEffect::Admit {
+                    source,
+                    proposals,
+                    monitor_observation,
+                } => {
                     if source.goal_id != goal_id
                         || source.agent_id.as_deref() != Some(agent_id)
                         || source.turn_key.as_deref() != Some(turn_key)
@@ -313,6 +320,15 @@ impl Kernel {
                         )));
                     }
                     let report = admit_in_tx(tx, &source, &proposals, false, now)?;
+                    super::monitor::record_turn_check_in_tx(
+                        tx,
+                        actor,
+                        goal_id,
+                        &todo_id,
+                        agent_id,
+                        monitor_observation.as_deref(),
+                        now,
+                    )?;
                     let todo_status_after = tx.todo(goal_id, &todo_id)?.map(|t| t.status);
                     EffectOutcome::Admitted {
                         report,
@@ -507,6 +523,7 @@ mod tests {
                         turn_key: Some("turn-1".into()),
                     },
                     proposals: Vec::new(),
+                    monitor_observation: None,
                 },
             ),
             (Phase::QuotaSpend, PhaseEffect::Spend),

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::host::ProcessOutcome;
 use crate::kernel::admission::check_proposal;
+use crate::kernel::monitor::MAX_OBSERVATION;
 use crate::kernel::transition::Transition;
 use crate::model::wire_enum;
 
@@ -79,6 +80,11 @@ pub struct HostResult {
     /// Explicit kernel transitions; honoured only by the built-in default capability.
     #[serde(default)]
     pub proposals: Vec<Transition>,
+    /// On a turn that works a scheduled monitor: what the check observed, recorded as the
+    /// monitor's check in the transaction that settles the turn's writeback (compared by digest
+    /// with the last check). Ignored on other todos.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitor_observation: Option<String>,
 }
 
 /// Parses and checks a host's stdout. The error is a sentence naming the problem.
@@ -217,6 +223,15 @@ fn check_result(r: &HostResult, turn_key: &str) -> Result<(), String> {
             ));
         }
     }
+    if let Some(o) = &r.monitor_observation
+        && o.len() > MAX_OBSERVATION
+    {
+        return Err(format!(
+            "monitor_observation is {} bytes; the limit is {MAX_OBSERVATION} (report a digest or a \
+             summary)",
+            o.len()
+        ));
+    }
     if r.proposals.len() > MAX_HOST_PROPOSALS {
         return Err(format!(
             "{} proposals; the limit is {MAX_HOST_PROPOSALS}",
@@ -251,6 +266,7 @@ pub fn result_schema_hint() -> Value {
             "evidence": format!("at most {MAX_EVIDENCE_ITEMS} of {{\"text\": string, \"artifact_path\"?: string}}"),
             "observations": format!("at most {MAX_OBSERVATIONS} of {{\"kind\": string, \"data\": any JSON}}, passed to the todo's capability"),
             "proposals": "optional kernel transitions (builtin:default capability only)",
+            "monitor_observation": format!("optional string, at most {MAX_OBSERVATION} bytes: on a scheduled monitor todo, the check's observation (the same text as the last check's is no change); a monitor turn without one records a failed check"),
         },
     })
 }
@@ -290,6 +306,24 @@ mod tests {
         assert!(err.contains("levels deep"), "{err}");
         let err = parse_result_text(&" ".repeat(MAX_STDOUT + 1), KEY).unwrap_err();
         assert!(err.contains("the limit is 65536"), "{err}");
+    }
+
+    #[test]
+    fn a_monitor_observation_is_read_up_to_its_limit() {
+        let with = |o: &str| {
+            format!(
+                r#"{{"schema_version":"{RESULT_SCHEMA}","status":"progress","monitor_observation":{}}}"#,
+                serde_json::to_string(o).unwrap()
+            )
+        };
+        let ok = parse_result_text(&with("p95 = 120 ms"), KEY).unwrap();
+        assert_eq!(ok.monitor_observation.as_deref(), Some("p95 = 120 ms"));
+        let err = parse_result_text(&with(&"x".repeat(MAX_OBSERVATION + 1)), KEY).unwrap_err();
+        assert!(err.contains("monitor_observation"), "{err}");
+        assert!(
+            result_schema_hint()["fields"]["monitor_observation"].is_string(),
+            "the host reads the field from the request's schema hint"
+        );
     }
 
     #[test]

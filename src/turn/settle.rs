@@ -66,6 +66,7 @@ pub(crate) fn writeback(
                 turn_key: Some(rec.turn_key.clone()),
             },
             proposals: proposals.clone(),
+            monitor_observation: result.monitor_observation.clone(),
         },
     };
     let rec_snapshot = rec.clone();

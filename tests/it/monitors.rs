@@ -755,3 +755,118 @@ printf '{{"schema_version":"loopx.turn_result.v1","status":"progress","summary":
     );
     assert_eq!(hint(&should_run(&p)), ("monitor_quiet".to_string(), 3600));
 }
+
+/// A turn on a due monitor reports its check in the result (`monitor_observation`), with no
+/// `todo check` by the host: the settle records baseline, then unchanged, then changed with one
+/// evidence row and one follow-up; a monitor turn that reports none records a failed check.
+#[test]
+fn a_turn_result_carries_the_monitor_check_without_todo_check() {
+    let p = project();
+    freeze(&p, T0);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "m",
+        "--kind",
+        "monitor",
+        "--every",
+        "1h",
+        "--title",
+        "read the dashboard",
+        "--target",
+        "p95",
+    ]);
+    let host = p.script(
+        "host.sh",
+        r#"cat > /dev/null
+if [ -f obs.txt ]; then
+  printf '{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"looked","monitor_observation":"%s"}' "$(cat obs.txt)"
+else
+  printf '{"schema_version":"loopx.turn_result.v1","status":"progress","summary":"looked away"}'
+fi
+"#,
+    );
+    let tick = |at: i64| {
+        freeze(&p, at);
+        let out = p
+            .run(&[
+                "--format",
+                "json",
+                "loop",
+                "--once",
+                "--goal-id",
+                "g",
+                "--agent-id",
+                "a",
+                "--max-turns",
+                "1",
+                "--",
+                &host,
+            ])
+            .ok()
+            .json();
+        let turns = out["heartbeat"]["turns"].as_array().unwrap().clone();
+        assert_eq!(turns.len(), 1, "{out}");
+        assert_eq!(turns[0]["todo_id"], "m");
+        monitor_json(&p, "m")
+    };
+    std::fs::write(p.path().join("obs.txt"), "p95=120").unwrap();
+    let before = todo_ids(&p).len();
+    let m = tick(T0);
+    assert_eq!(
+        (m["checks"].as_i64(), m["last_result"].as_str()),
+        (Some(1), Some("baseline"))
+    );
+    let m = tick(T0 + HOUR);
+    assert_eq!(
+        (m["checks"].as_i64(), m["last_result"].as_str()),
+        (Some(2), Some("unchanged"))
+    );
+    assert_eq!(m["no_change_count"], 1);
+    assert!(show(&p, "m")["evidence"].as_array().unwrap().is_empty());
+    std::fs::write(p.path().join("obs.txt"), "p95=480").unwrap();
+    let m = tick(T0 + 2 * HOUR);
+    assert_eq!(
+        (m["checks"].as_i64(), m["last_result"].as_str()),
+        (Some(3), Some("changed"))
+    );
+    let evidence = show(&p, "m")["evidence"].as_array().unwrap().clone();
+    assert_eq!(evidence.len(), 1, "{evidence:?}");
+    assert!(evidence[0]["text"].as_str().unwrap().contains("p95=480"));
+    let ids = todo_ids(&p);
+    assert_eq!(ids.len(), before + 1, "one follow-up: {ids:?}");
+    let follow_up = ids.iter().find(|id| *id != "m").unwrap().clone();
+    assert_eq!(show(&p, "m")["todo"]["status"], "open");
+    let ops = p.db_dump(Some(&["ops"]));
+    assert_eq!(ops.matches("\"monitor_check\"").count(), 3, "{ops}");
+
+    // The follow-up outranks the monitor: a tick works it first. Then the monitor's turn reports
+    // no observation: a failed check with the reason, retried one cadence later.
+    std::fs::remove_file(p.path().join("obs.txt")).unwrap();
+    freeze(&p, T0 + 3 * HOUR);
+    p.ok(&[
+        "todo",
+        "update",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        &follow_up,
+        "--status",
+        "archived",
+    ]);
+    let m = tick(T0 + 3 * HOUR);
+    assert_eq!(
+        (m["checks"].as_i64(), m["last_result"].as_str()),
+        (Some(4), Some("failed"))
+    );
+    assert_eq!(m["last_failure"], "the turn reported no observation");
+    assert_eq!(m["next_due_at"], "2026-12-02T09:00:00.000Z");
+    assert_eq!(
+        m["last_digest"].as_str().map(str::len),
+        Some(64),
+        "the digest stays"
+    );
+}
