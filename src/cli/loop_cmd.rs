@@ -14,7 +14,8 @@ use crate::error::Result;
 use crate::model::ProbeSpec;
 use crate::turn::host::install_stop_handlers;
 use crate::turn::loop_ctl::{
-    DEFAULT_MAX_UNVALIDATED_TURNS, HeartbeatRequest, LoopRequest, run_heartbeat, run_loop,
+    DEFAULT_MAX_UNVALIDATED_TURNS, HeartbeatRequest, LoopDisposition, LoopEvent, LoopRequest,
+    run_heartbeat, run_loop,
 };
 use crate::turn::probe_call::call_probe;
 
@@ -73,18 +74,26 @@ pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
     ));
     let quiet = ctx.verbosity == super::Verbosity::Quiet;
     // Progress goes to stderr so `--format json` keeps stdout parseable.
-    let report = run_loop(&mut kernel, &req, |n, _, o| {
-        if quiet {
-            return;
+    let report = run_loop(&mut kernel, &req, |event| match event {
+        LoopEvent::Turn { n, outcome: o, .. } => {
+            if quiet {
+                return;
+            }
+            let mut err = std::io::stderr().lock();
+            // The line carries the turn's detail, which may quote the host's output: shown inert.
+            let _ = writeln!(
+                err,
+                "turn {n}/{max} {} {}",
+                crate::inert::line(&o.short_line()),
+                crate::inert::line(o.turn_key.as_deref().unwrap_or(""))
+            );
         }
-        let mut err = std::io::stderr().lock();
-        // The line carries the turn's detail, which may quote the host's output: shown inert.
-        let _ = writeln!(
-            err,
-            "turn {n}/{max} {} {}",
-            crate::inert::line(&o.short_line()),
-            crate::inert::line(o.turn_key.as_deref().unwrap_or(""))
-        );
+        // Terminal only, never with -q (`progress`); the reason may name todo titles: inert.
+        LoopEvent::Wait {
+            disposition,
+            reason,
+            seconds,
+        } => ctx.progress(&wait_line(disposition, reason, seconds)),
     })?;
     let rows = report
         .turns
@@ -133,6 +142,11 @@ pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
             ),
         ])
         .table(&["#", "todo", "kind", "time", "turn"], rows))
+}
+
+/// The progress line of one wait of a plain `loop`.
+fn wait_line(disposition: LoopDisposition, reason: &str, seconds: u64) -> String {
+    format!("waiting {seconds} s before the next decision ({disposition}): {reason}")
 }
 
 fn heartbeat(ctx: &Context, args: LoopArgs) -> Result<Output> {

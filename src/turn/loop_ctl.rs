@@ -209,12 +209,30 @@ fn others_working(kernel: &mut Kernel, goal_id: &str, agent_id: &str) -> Result<
         .any(|t| t.live_claim(now).is_some_and(|c| c.agent_id != agent_id)))
 }
 
+/// What [`run_loop`] reports as it goes, for progress lines.
+#[derive(Debug)]
+pub enum LoopEvent<'a> {
+    /// A turn settled: its number in this loop, the budget after it, its outcome.
+    Turn {
+        n: u32,
+        budget: &'a Budget,
+        outcome: &'a TurnOutcome,
+    },
+    /// The loop is about to wait: what for (the disposition and the decision's reason) and how
+    /// long until it decides again, unless a signal ends the wait first.
+    Wait {
+        disposition: LoopDisposition,
+        reason: &'a str,
+        seconds: u64,
+    },
+}
+
 /// Runs turns until the controller says stop, the budget is used up, or a signal arrives.
-/// `on_turn(index, budget, outcome)` is called after every settled turn (for progress lines).
+/// `on_event` hears every settled turn and every wait (for progress lines).
 pub fn run_loop(
     kernel: &mut Kernel,
     req: &LoopRequest,
-    mut on_turn: impl FnMut(u32, &Budget, &TurnOutcome),
+    mut on_event: impl FnMut(LoopEvent<'_>),
 ) -> Result<LoopReport> {
     if req.max_turns == 0 {
         return Err(bad_input("--max-turns must be at least 1"));
@@ -278,7 +296,11 @@ pub fn run_loop(
                     warnings.extend(refresh_projection(kernel, &goal_id));
                     projected_at = now_ms();
                 }
-                on_turn(budget.completed_turns, &budget, &outcome);
+                on_event(LoopEvent::Turn {
+                    n: budget.completed_turns,
+                    budget: &budget,
+                    outcome: &outcome,
+                });
                 turns.push(outcome.clone());
                 last = Some(outcome);
             }
@@ -330,8 +352,14 @@ pub fn run_loop(
                         break (disposition, decision.route, format!("idle: {why}"));
                     }
                 }
-                let hint = Duration::from_secs(decision.next_check_after_seconds.max(1));
-                sleep_interruptible(hint.min(max_sleep));
+                let wait =
+                    Duration::from_secs(decision.next_check_after_seconds.max(1)).min(max_sleep);
+                on_event(LoopEvent::Wait {
+                    disposition,
+                    reason: &why,
+                    seconds: wait.as_secs(),
+                });
+                sleep_interruptible(wait);
                 // The receipt has been acted on; the next decision starts fresh.
                 last = None;
             }

@@ -17,6 +17,7 @@ mod input_limits;
 mod kernel_cli;
 mod long_project;
 mod loop_agents;
+mod loop_progress;
 mod monitors;
 mod output_snapshots;
 mod parser_fuzz;
