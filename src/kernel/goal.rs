@@ -440,6 +440,56 @@ fn write_grant_refusal(provider: &str, grants: &[String]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::write_grant_refusal;
+    use crate::kernel::Actor;
+    use crate::model::{ExtensionRecord, ProbeSpec};
+
+    /// The claim names why a provider whose extension holds a write grant must not run (the
+    /// runner records that as the failed outcome without calling it); a read-only one runs.
+    #[test]
+    fn a_claim_refuses_a_provider_granted_write_access() {
+        let (_dir, mut k) = crate::kernel::test_project::with_goal_g();
+        for (id, grant) in [
+            ("rw", "fs.write:out=/tmp/out"),
+            ("ro", "fs.read:in=/tmp/in"),
+        ] {
+            k.write(|tx| {
+                tx.upsert_extension(&ExtensionRecord {
+                    id: id.into(),
+                    version: "1.0.0".into(),
+                    enabled: true,
+                    manifest: serde_json::json!({}),
+                    grants: vec![grant.into()],
+                    install_dir: "/nowhere".into(),
+                    component_hashes: serde_json::json!({}),
+                    installed_at: 1,
+                    revision: 1,
+                })
+            })
+            .unwrap();
+        }
+        let spec = |ext: &str| ProbeSpec {
+            provider: format!("{ext}/p"),
+            operation: "read".into(),
+            target: "x".into(),
+        };
+        k.set_provider_probe(&Actor::Operator, "g", spec("rw"), None)
+            .unwrap();
+        let ticket = k.claim_goal_probe("g", "test", true).unwrap().unwrap();
+        assert!(ticket.refusal.unwrap().contains("fs.write:out"));
+        assert_eq!(k.claim_goal_probe("g", "test", true).unwrap(), None);
+        k.set_provider_probe(&Actor::Operator, "g", spec("ro"), None)
+            .unwrap();
+        let ticket = k.claim_goal_probe("g", "test", true).unwrap().unwrap();
+        assert_eq!(ticket.refusal, None);
+        // The first run's result was superseded by the second claim.
+        let stale = k.record_goal_probe(
+            &Actor::Operator,
+            "g",
+            ticket.run_seq - 1,
+            &super::Observation::Value("x".into()),
+        );
+        assert_eq!(stale.unwrap_err().exit_code(), 4);
+    }
 
     #[test]
     fn a_provider_with_a_write_grant_is_refused_and_read_grants_pass() {
