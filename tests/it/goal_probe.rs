@@ -259,3 +259,91 @@ fn overlapping_ticks_run_the_goal_probe_once_per_revision() {
         (2.into(), false.into())
     );
 }
+
+/// A failing goal probe is recorded with its reason and blocks nothing: the same tick runs the
+/// agent's turn.
+#[test]
+fn a_failing_goal_probe_in_a_tick_blocks_no_work() {
+    let data = tempfile::tempdir().unwrap();
+    let p = fs_project(data.path());
+    set(&p, "fs-observe/fs", "metric", "missing.txt");
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "t",
+        "--title",
+        "work",
+    ]);
+    let out = p
+        .run(&[
+            "--format",
+            "json",
+            "loop",
+            "--once",
+            "--goal-id",
+            "g",
+            "--agent-id",
+            "a",
+            "--max-turns",
+            "1",
+            "--",
+            "true",
+        ])
+        .ok()
+        .json();
+    let beat = &out["heartbeat"];
+    assert_eq!(beat["probe_runs"][0]["result"], "failed", "{beat}");
+    assert!(
+        beat["probe_runs"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("fs-observe/fs failed"),
+        "{beat}"
+    );
+    assert_eq!(beat["turns"][0]["todo_id"], "t");
+}
+
+/// A sleeping `loop --watch` is woken by the commit of `probe set` and runs the new revision
+/// once, however many times it wakes after.
+#[test]
+fn a_watching_heartbeat_runs_a_probe_set_while_it_sleeps_once() {
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("metric.txt"), "rps = 10\n").unwrap();
+    let p = fs_project(data.path());
+    let child = p
+        .command(&[
+            "--format",
+            "json",
+            "loop",
+            "--watch",
+            "--goal-id",
+            "g",
+            "--agent-id",
+            "a",
+            "--",
+            "true",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let it reach its sleep, then set the probe; later commits wake it again.
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    set(&p, "fs-observe/fs", "metric", "metric.txt");
+    crate::support::wait_for(
+        "the probe's run",
+        std::time::Duration::from_secs(60),
+        || p.json(&["probe", "show", "--goal-id", "g"])["provider_probe"]["runs"] == 1,
+    );
+    // A note is a commit too: it wakes the heartbeat, and runs nothing.
+    p.ok(&["probe", "set", "--goal-id", "g", "--text", "look at rps"]);
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let runs = probe_runs(child);
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["result"], "baseline");
+    assert_eq!(ops(&p, "goal_probe_claim"), 1);
+}
