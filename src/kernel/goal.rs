@@ -305,17 +305,18 @@ impl Kernel {
         })
     }
 
-    /// Records the outcome of the claimed run `run_seq` of the goal's provider probe in one
+    /// Records the outcome of the claimed run `ticket` of the goal's provider probe in one
     /// transaction (result, digest, time, failure reason, and an operation-log row): the digest
     /// rule of monitor checks; a baseline or a change keeps the observation for the operator to
-    /// read. A result of a run another claim superseded is refused (conflict).
+    /// read. A result of a run another claim superseded, or of a probe set to another spec since,
+    /// is refused (conflict).
     pub fn record_goal_probe(
         &mut self,
         actor: &Actor,
-        goal_id: &str,
-        run_seq: i64,
+        ticket: &GoalProbeTicket,
         observation: &Observation,
     ) -> Result<GoalProbeReport> {
+        let (goal_id, run_seq) = (ticket.goal_id.as_str(), ticket.run_seq);
         let report = self.write(|tx| {
             require_goal(tx, goal_id)?;
             let mut probe = tx.goal_probe(goal_id)?.ok_or_else(|| {
@@ -324,7 +325,7 @@ impl Kernel {
                      its result is not recorded"
                 ))
             })?;
-            if probe.run_seq != run_seq {
+            if probe.run_seq != run_seq || probe.spec != ticket.spec {
                 return Err(conflict(format!(
                     "run {run_seq} of the provider probe of goal '{goal_id}' was superseded by \
                      run {}; its result is not recorded",
@@ -482,13 +483,26 @@ mod tests {
         let ticket = k.claim_goal_probe("g", "test", true).unwrap().unwrap();
         assert_eq!(ticket.refusal, None);
         // The first run's result was superseded by the second claim.
+        let stale = super::GoalProbeTicket {
+            run_seq: ticket.run_seq - 1,
+            ..ticket.clone()
+        };
         let stale = k.record_goal_probe(
             &Actor::Operator,
-            "g",
-            ticket.run_seq - 1,
+            &stale,
             &super::Observation::Value("x".into()),
         );
         assert_eq!(stale.unwrap_err().exit_code(), 4);
+        // A probe set to another spec while the run ran: that run observed something else.
+        k.set_provider_probe(&Actor::Operator, "g", spec("rw"), None)
+            .unwrap();
+        let moved = k.record_goal_probe(
+            &Actor::Operator,
+            &ticket,
+            &super::Observation::Value("x".into()),
+        );
+        assert_eq!(moved.unwrap_err().exit_code(), 4);
+        assert_eq!(k.goal_probe("g").unwrap().unwrap().runs, 0);
     }
 
     #[test]

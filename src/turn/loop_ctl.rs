@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::driver::{PROJECTION_INTERVAL_MS, refresh_projection, run_turn};
 use super::host::stop_requested;
 use super::outcome::{TurnOutcome, plan};
-pub use super::probe_call::ProbeFn;
+use super::probe_call::ProbeFn;
 use super::recovery::recover;
 use super::request::TurnRequest;
 use super::{JournalStatus, TurnResultKind};
@@ -473,9 +473,9 @@ fn sleep_until_change(
 /// The heartbeat: each tick ends monitors past `--until` and resumes deferred todos, runs the due
 /// provider-backed checks and a new revision of the goal's provider probe (claimed in the kernel,
 /// so an overlapping heartbeat or cron tick never runs one twice; no agent turn, no quota slot),
-/// then runs agent turns while the decision says
-/// one is ready (agent work or an agent-backed monitor). With `once` it stops there; otherwise it
-/// sleeps until the next thing is due or another process commits, and goes on until a signal.
+/// then runs agent turns while the decision says one is ready (agent work or an agent-backed
+/// monitor). With `once` it stops there; otherwise it sleeps until the next thing is due or
+/// another process commits, and goes on until a signal.
 pub fn run_heartbeat(
     kernel: &mut Kernel,
     req: &HeartbeatRequest,

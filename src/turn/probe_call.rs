@@ -116,7 +116,7 @@ pub fn run_goal_probe(
             Err(reason) => Observation::Failed(reason),
         },
     };
-    match kernel.record_goal_probe(actor, goal_id, ticket.run_seq, &observation) {
+    match kernel.record_goal_probe(actor, &ticket, &observation) {
         Ok(report) => Ok(Some(report)),
         // Another run claimed it since, or the probe was cleared: that run's result stands.
         Err(e) if pending_only && e.exit_code() == 4 => Ok(None),
