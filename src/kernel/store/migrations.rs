@@ -14,6 +14,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (9, V9),
     (10, V10),
     (11, V11),
+    (12, V12),
 ];
 
 const V1: &str = r#"
@@ -363,4 +364,14 @@ CREATE TABLE goal_probes (
 /// `todo add` and every turn's follow-up walks all the goal's todos, finished ones included.
 const V11: &str = r#"
 CREATE INDEX todos_by_seq ON todos(goal_id, seq);
+"#;
+
+/// The goal projections' live todos with their cached lines, in an index that holds only live
+/// todos (a partial index: the history is not in it) and every column the projection reads, so
+/// rendering a goal steps through one index instead of looking up each live todo's row by key
+/// (docs/benchmarks.md). The `WHERE` is `LIVE_STATUSES` spelled the same way, which is what
+/// lets SQLite use the index for the projection's query.
+const V12: &str = r#"
+CREATE INDEX todos_live_views ON todos(goal_id, status, view_key, id, view_format, claim_agent, view_json, view_md)
+    WHERE status IN ('open', 'claimed', 'blocked', 'deferred');
 "#;

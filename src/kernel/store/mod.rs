@@ -506,6 +506,7 @@ pub trait MonitorTx: MonitorRead {
     /// Sets (or with `None` removes) a todo's resume time.
     fn set_deferral(&self, goal_id: &str, todo_id: &str, until_at: Option<i64>) -> Result<()>;
 }
+
 /// The goal's provider probe (table `goal_probes`), part of every [`StoreRead`].
 pub trait GoalProbeRead {
     fn goal_probe(&self, goal_id: &str) -> Result<Option<crate::model::GoalProbe>>;

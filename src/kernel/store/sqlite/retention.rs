@@ -24,6 +24,18 @@ fn newest_finished(status: &str) -> String {
     )
 }
 
+/// The query of [`Db::for_each_live_projected_todo`]: `?1` goal, `?2` the line format, `?3` the
+/// start of the live window, `?4` the most finished todos per status.
+pub(super) fn live_projected_todos_sql() -> String {
+    format!(
+        "SELECT view_key, view_json, view_md, id, view_format IS ?2 AND claim_agent IS NULL \
+         FROM todos INDEXED BY todos_live_views WHERE goal_id = ?1 AND status IN {LIVE_STATUSES} \
+         UNION ALL SELECT * FROM ({finished}) UNION ALL SELECT * FROM ({archived})",
+        finished = newest_finished("completed"),
+        archived = newest_finished("archived"),
+    )
+}
+
 impl Db<'_> {
     fn retention_policy(&self) -> Result<Option<RetentionPolicy>> {
         self.query_opt(
@@ -223,11 +235,13 @@ impl Db<'_> {
         )
     }
 
-    /// The live-window variant of `for_each_projected_todo`: open todos, then the terminal ones
-    /// written at or after `finished_since`, at most [`LIVE_FINISHED_PER_STATUS`] of each status,
-    /// newest first: each part one range of `todos_by_finish` walked from its end, so a goal that
-    /// finishes thousands of todos a day renders the same few hundred lines. Without `INDEXED BY`
-    /// SQLite (no statistics) walked every todo of the goal by primary key for the live part.
+    /// The live-window variant of `for_each_projected_todo`: live todos, one range per status of
+    /// the covering partial index `todos_live_views` (their cached lines are in it, so no row is
+    /// looked up by key), then the terminal ones written at or after `finished_since`, at most
+    /// [`LIVE_FINISHED_PER_STATUS`] of each status, newest first, each one range of
+    /// `todos_by_finish` walked from its end: a goal that finishes thousands of todos a day
+    /// renders the same few hundred lines. Without `INDEXED BY` SQLite (no statistics) walked
+    /// every todo of the goal by primary key for the live part.
     pub(super) fn for_each_live_projected_todo(
         &self,
         goal_id: &str,
@@ -237,13 +251,7 @@ impl Db<'_> {
     ) -> Result<()> {
         let mut stmt = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT view_key, view_json, view_md, id, view_format IS ?2 AND claim_agent IS NULL \
-                 FROM todos INDEXED BY todos_by_finish WHERE goal_id = ?1 AND status IN {LIVE_STATUSES} \
-                 UNION ALL SELECT * FROM ({finished}) UNION ALL SELECT * FROM ({archived})",
-                finished = newest_finished("completed"),
-                archived = newest_finished("archived"),
-            ))
+            .prepare_cached(&live_projected_todos_sql())
             .map_err(self.err("listing live projected todos"))?;
         let mut rows = stmt
             .query(params![

@@ -459,6 +459,37 @@ fn the_next_lease_expiry_is_one_index_probe() {
     );
 }
 
+/// Rendering a goal reads its live todos' cached lines from one covering index (no row looked up
+/// by key), and its recently finished ones from `todos_by_finish`.
+#[test]
+fn the_projections_live_todos_come_from_one_covering_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+    let plan: Vec<String> = store
+        .conn
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            super::retention::live_projected_todos_sql()
+        ))
+        .unwrap()
+        .query_map(rusqlite::params!["g", 1, 0, 100], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert!(
+        plan.iter().any(|step| step
+            == "SEARCH todos USING COVERING INDEX todos_live_views (goal_id=? AND status=?)"),
+        "{plan:?}"
+    );
+    assert_eq!(
+        plan.iter()
+            .filter(|step| step.contains("todos_by_finish"))
+            .count(),
+        2,
+        "{plan:?}"
+    );
+}
+
 #[test]
 fn a_new_todos_seq_is_one_index_probe() {
     let dir = tempfile::tempdir().unwrap();
