@@ -107,5 +107,5 @@ loopx summary_all --goal-id stats
 step "Where things are"
 echo "  project:      $P"
 echo "  state:        $P/.loopx/goals/stats/STATE.md and state.json"
-echo "  run reports:  $P/.loopx/goals/stats/runs/ ($(ls "$P/.loopx/goals/stats/runs" | grep -c '\.json$') runs, each .json + .md)"
+echo "  run reports:  $P/.loopx/goals/stats/runs/<YYYY-MM>/ ($(find "$P/.loopx/goals/stats/runs" -name '*.json' | wc -l) runs, each .json + .md)"
 echo "  agent logs:   $DEMO/agent-*.round*.log"

@@ -90,4 +90,13 @@ fn the_readme_demo_runs_to_a_published_report() {
             .count() as i64,
         "one spend per validated turn, none for the failed one"
     );
+    // The closing lines point at the reports and count them as they are stored (by month).
+    let reports = format!(
+        "({} runs, each .json + .md)",
+        history["runs"].as_array().unwrap().len()
+    );
+    assert!(
+        stdout.contains(&reports),
+        "expected {reports} in:\n{stdout}"
+    );
 }
