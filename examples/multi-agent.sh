@@ -62,7 +62,7 @@ echo
 echo
 "$LOOPX" history --goal-id site
 echo
-echo "run reports: $project/.loopx/goals/site/runs/"
+echo "run reports: $project/.loopx/goals/site/runs/<YYYY-MM>/"
 if [ "$(cut -d' ' -f2 work.log | sort | uniq -d | wc -l)" -ne 0 ]; then
     echo "ERROR: a todo was worked twice" >&2
     exit 1
