@@ -166,6 +166,14 @@ fn report_output(r: &GcReport) -> Output {
             }
         ));
     }
+    for t in &r.temp_files {
+        items.push(format!(
+            "remove {}, left by a write that was killed (process {}): {} bytes on disk",
+            crate::inert::line(&t.path.display().to_string()),
+            t.writer_pid,
+            t.bytes
+        ));
+    }
     items.push(format!(
         "vacuum the database ({} bytes now, {} of them free pages)",
         r.database_bytes_before, r.database_free_bytes
@@ -179,6 +187,7 @@ fn report_output(r: &GcReport) -> Output {
         ("turn journals", r.turns.len().to_string()),
         ("run payloads", r.payloads.len().to_string()),
         ("report months", r.report_months.len().to_string()),
+        ("temp files", r.temp_files.len().to_string()),
         (
             "bytes freed",
             format!(

@@ -89,6 +89,19 @@ pub struct ReportRetirement {
     pub file_bytes: u64,
 }
 
+/// A temp file a projection write left when its process was killed mid-write: its writer is
+/// gone and it is older than [`STALE_TEMP_AGE_MS`]. Nothing reads it; `gc` removes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct StaleTempFile {
+    pub path: PathBuf,
+    pub writer_pid: u32,
+    pub bytes: u64,
+}
+
+/// How old a temp file of a dead writer must be before `gc` removes it: a write takes
+/// milliseconds, so anything this old was abandoned, even if its pid was reused meanwhile.
+const STALE_TEMP_AGE_MS: u128 = 60_000;
+
 /// What `gc` would do (dry run) or did (`--apply`).
 #[derive(Debug, Clone, Serialize)]
 pub struct GcReport {
@@ -98,6 +111,7 @@ pub struct GcReport {
     pub turns: Vec<TurnCompaction>,
     pub payloads: Vec<PayloadDrop>,
     pub report_months: Vec<ReportRetirement>,
+    pub temp_files: Vec<StaleTempFile>,
     /// Bytes the rows and files above free (before the vacuum).
     pub bytes_freed: u64,
     /// The database files' size before, and (applied) after the vacuum.
@@ -282,6 +296,8 @@ impl Kernel {
                 });
             }
         }
+        let mut temp_files = Vec::new();
+        stale_temp_files(&self.paths().state, &mut temp_files);
         let bytes_freed = turns
             .iter()
             .map(|t| t.bytes_before.saturating_sub(t.bytes_after))
@@ -291,6 +307,7 @@ impl Kernel {
                     .map(|p| p.bytes_before.saturating_sub(p.bytes_after)),
             )
             .chain(report_months.iter().map(|p| p.file_bytes))
+            .chain(temp_files.iter().map(|t| t.bytes))
             .sum();
         Ok(GcReport {
             applied: false,
@@ -299,6 +316,7 @@ impl Kernel {
             turns,
             payloads,
             report_months,
+            temp_files,
             bytes_freed,
             database_bytes_before: db_before,
             database_bytes_after: None,
@@ -370,6 +388,25 @@ impl Kernel {
         for month in &report.report_months {
             self.retire_reports(actor, month)?;
         }
+        if !report.temp_files.is_empty() {
+            let removed: Vec<String> = report
+                .temp_files
+                .iter()
+                .map(|t| t.path.display().to_string())
+                .collect();
+            self.write(|tx| {
+                log_op(
+                    tx,
+                    None,
+                    actor,
+                    "gc_remove_temp_files",
+                    json!({"removed": removed}),
+                )
+            })?;
+            for t in &report.temp_files {
+                remove_if_present(&t.path)?;
+            }
+        }
         for g in self.goals()? {
             // The monthly archive of the goal's projections, written once per month.
             let since = now - report.policy.live_window_days * DAY_MS;
@@ -410,13 +447,7 @@ impl Kernel {
             )?;
         }
         for f in &month.files {
-            match std::fs::remove_file(f) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(LoopxError::io(f, format!("removing {}", f.display()), e));
-                }
-            }
+            remove_if_present(f)?;
         }
         // The month's directories of the sharded layout, once empty (ignored while not).
         let runs_dir = self.paths().runs_dir(&month.goal_id);
@@ -427,6 +458,74 @@ impl Kernel {
         }
         Ok(())
     }
+}
+
+/// Removes `path`; one already gone (another `gc`, or its writer finishing) is not an error.
+fn remove_if_present(path: &std::path::Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(LoopxError::io(
+            path,
+            format!("removing {}", path.display()),
+            e,
+        )),
+    }
+}
+
+/// Collects under `dir` (recursively, following no symlink) the temp files of projection writes
+/// whose writer is gone and that are older than [`STALE_TEMP_AGE_MS`]. Unreadable directories are
+/// skipped: this is a sweep for litter, and `doctor` reports what cannot be read.
+fn stale_temp_files(dir: &std::path::Path, out: &mut Vec<StaleTempFile>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        let path = entry.path();
+        if kind.is_dir() {
+            stale_temp_files(&path, out);
+            continue;
+        }
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(super::projection::temp_writer_pid)
+        else {
+            continue;
+        };
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age.as_millis() >= STALE_TEMP_AGE_MS);
+        if kind.is_file() && old && !process_alive(pid) {
+            out.push(StaleTempFile {
+                path,
+                writer_pid: pid,
+                bytes: disk_bytes(&entry.path()),
+            });
+        }
+    }
+}
+
+/// Whether a process with this pid exists (it may not be the writer: a reused pid keeps the file
+/// until a later `gc`, which errs on the side of keeping).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 checks for the process's existence and sends nothing.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// The payload a run keeps once `gc` dropped it: says so, so a reader of `history` knows the

@@ -455,6 +455,68 @@ fn new_run_reports_are_sharded_by_month_and_flat_ones_stay_readable() {
 
 /// The on-disk bytes of the `turns` table and its indexes: a vacuumed copy of the database,
 /// measured with the table and without it.
+/// A projection write killed mid-way leaves its temp file (`.<name>.<pid>.tmp`) behind; a crash
+/// loop would pile them up. `gc` lists those whose writer is gone and that are over a minute old,
+/// removes them with `--apply` (logged), and keeps any other: a live writer's, a fresh one's, and
+/// a file that only looks similar.
+#[test]
+fn gc_removes_the_temp_files_of_killed_writes_and_only_those() {
+    let p = settled_project(1);
+    let goal_dir = p.state().join("goals/g");
+    let archive = goal_dir.join("archive");
+    std::fs::create_dir_all(&archive).unwrap();
+    // pid_max is at most 2^22 on Linux: these writers cannot be alive.
+    let dead = [
+        goal_dir.join(".state.json.4194305.tmp"),
+        archive.join(".2026-01.md.4194306.tmp"),
+    ];
+    let live = goal_dir.join(format!(".STATE.md.{}.tmp", std::process::id()));
+    let fresh = goal_dir.join(".state.json.4194307.tmp");
+    let lookalike = goal_dir.join("notes.4194308.tmp");
+    for f in dead.iter().chain([&live, &fresh, &lookalike]) {
+        std::fs::write(f, vec![b'x'; 5000]).unwrap();
+    }
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for f in dead.iter().chain([&live, &lookalike]) {
+        std::fs::File::options()
+            .write(true)
+            .open(f)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let listed = |v: &Value| -> Vec<String> {
+        let mut paths: Vec<String> = v["temp_files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["path"].as_str().unwrap().to_string())
+            .collect();
+        paths.sort();
+        paths
+    };
+    let mut expected: Vec<String> = dead.iter().map(|f| f.display().to_string()).collect();
+    expected.sort();
+    let plan = p.json(&["gc"]);
+    assert_eq!(listed(&plan), expected, "{plan}");
+    assert!(dead.iter().all(|f| f.exists()), "a dry run removes nothing");
+    let applied = p.json(&["gc", "--apply"]);
+    assert_eq!(listed(&applied), expected);
+    assert!(dead.iter().all(|f| !f.exists()));
+    assert!(live.exists() && fresh.exists() && lookalike.exists());
+    assert_eq!(
+        count(
+            &p,
+            "SELECT COUNT(*) FROM ops WHERE kind = 'gc_remove_temp_files'"
+        ),
+        1
+    );
+    assert!(
+        listed(&p.json(&["gc"])).is_empty(),
+        "nothing left to remove"
+    );
+}
+
 fn turns_table_bytes(p: &Project) -> u64 {
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("copy.db");

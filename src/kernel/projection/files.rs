@@ -124,16 +124,7 @@ pub(super) fn with_temp_file(
     path: &Path,
     write: impl FnOnce(File) -> std::io::Result<()>,
 ) -> Result<()> {
-    let dir = path.parent().expect("projection paths have a parent");
-    std::fs::create_dir_all(dir)
-        .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("projection"),
-        std::process::id()
-    ));
+    let tmp = temp_path_beside(path)?;
     let result = (|| -> std::io::Result<()> {
         write(File::create(&tmp)?)?;
         replace(&tmp, path)
@@ -142,6 +133,33 @@ pub(super) fn with_temp_file(
         let _ = std::fs::remove_file(&tmp);
         LoopxError::internal(format!("writing {}", path.display()), e)
     })
+}
+
+/// The temp file a write of `path` goes through: `.<name>.<pid>.tmp` in `path`'s directory (made
+/// if missing). The writer's pid in the name keeps two processes writing one file apart, and lets
+/// `gc` tell the temp file of a write that was killed ([`temp_writer_pid`]) from one in progress.
+fn temp_path_beside(path: &Path) -> Result<PathBuf> {
+    let dir = path.parent().expect("projection paths have a parent");
+    std::fs::create_dir_all(dir)
+        .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
+    Ok(dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("projection"),
+        std::process::id()
+    )))
+}
+
+/// The pid of the writer of a temp file named as [`temp_path_beside`] names them, or `None` for
+/// any other name.
+pub(crate) fn temp_writer_pid(file_name: &str) -> Option<u32> {
+    let rest = file_name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let (name, pid) = rest.rsplit_once('.')?;
+    if name.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
 }
 
 /// Puts `tmp` in `path`'s place. On Linux the two are exchanged (`renameat2` with
@@ -209,16 +227,7 @@ pub(super) struct PendingFile {
 
 impl PendingFile {
     pub(super) fn create(path: &Path) -> Result<PendingFile> {
-        let dir = path.parent().expect("projection paths have a parent");
-        std::fs::create_dir_all(dir)
-            .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
-        let tmp = dir.join(format!(
-            ".{}.{}.tmp",
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("projection"),
-            std::process::id()
-        ));
+        let tmp = temp_path_beside(path)?;
         let file = File::create(&tmp)
             .map_err(|e| LoopxError::internal(format!("creating {}", tmp.display()), e))?;
         Ok(PendingFile {

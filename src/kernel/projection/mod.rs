@@ -28,8 +28,8 @@ mod files;
 mod markdown;
 mod wire;
 
-pub(crate) use files::check_before_overwrite;
 use files::{PendingFile, ProjectionWriter, write_json_projection, write_once};
+pub(crate) use files::{check_before_overwrite, temp_writer_pid};
 pub use files::{check_json_projection, write_atomic};
 use markdown::{run_markdown, state_markdown, todo_markdown};
 pub use wire::goal_probe_json;
