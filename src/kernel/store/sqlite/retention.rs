@@ -117,34 +117,42 @@ impl Db<'_> {
         to: i64,
         visit: &mut dyn FnMut(&Run) -> Result<()>,
     ) -> Result<()> {
-        self.without_mmap(|| {
-            let mut stmt = self
-                .conn
-                .prepare_cached(&format!(
-                    "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND created_at >= ?2 \
-                     AND created_at < ?3 ORDER BY created_at, id"
-                ))
-                .map_err(self.err("listing runs by time"))?;
-            let mut rows = stmt
-                .query(params![goal_id, from, to])
-                .map_err(self.err("listing runs by time"))?;
-            while let Some(row) = rows.next().map_err(self.err("listing runs by time"))? {
-                visit(&run_from_row(row).map_err(self.err("listing runs by time"))?)?;
-            }
-            Ok(())
-        })
+        const WHAT: &str = "listing runs by time";
+        self.scan_without_mmap(
+            &format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND created_at >= ?2 \
+                 AND created_at < ?3 ORDER BY created_at, id"
+            ),
+            params![goal_id, from, to],
+            WHAT,
+            &mut |row| visit(&run_from_row(row).map_err(self.err(WHAT))?),
+        )
     }
 
-    /// Runs a scan of a month of history with the memory map off: every page a scan touches
-    /// through the map stays resident in this process (a month of a long project is hundreds of
-    /// megabytes), where SQLite's page cache holds a bounded number.
-    fn without_mmap<T>(&self, scan: impl FnOnce() -> Result<T>) -> Result<T> {
+    /// Steps through the rows of `sql`, a scan of a month of history, with the memory map off:
+    /// every page a scan touches through the map stays resident in this process (a month of a
+    /// long project is hundreds of megabytes), where SQLite's page cache holds a bounded number.
+    fn scan_without_mmap(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+        what: &'static str,
+        each: &mut dyn FnMut(&rusqlite::Row<'_>) -> Result<()>,
+    ) -> Result<()> {
         let set = |bytes: u64| {
             self.conn
                 .execute_batch(&format!("PRAGMA mmap_size={bytes}"))
                 .map_err(self.err("setting the memory map size"))
         };
         set(0)?;
+        let scan = || -> Result<()> {
+            let mut stmt = self.conn.prepare_cached(sql).map_err(self.err(what))?;
+            let mut rows = stmt.query(params).map_err(self.err(what))?;
+            while let Some(row) = rows.next().map_err(self.err(what))? {
+                each(row)?;
+            }
+            Ok(())
+        };
         let result = scan();
         set(super::connection::MMAP_BYTES)?;
         result
@@ -201,24 +209,20 @@ impl Db<'_> {
     ) -> Result<()> {
         // Dependencies per todo, not the goal's whole map (`visit_todos`): a month is a slice of
         // the history, the map all of it.
-        self.without_mmap(|| {
-            let mut stmt = self
-                .conn
-                .prepare_cached(&format!(
-                    "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 AND status IN {TERMINAL} \
-                     AND updated_at >= ?2 AND updated_at < ?3 ORDER BY updated_at, id"
-                ))
-                .map_err(self.err("listing finished todos"))?;
-            let mut rows = stmt
-                .query(params![goal_id, from, to])
-                .map_err(self.err("listing finished todos"))?;
-            while let Some(row) = rows.next().map_err(self.err("listing finished todos"))? {
-                let mut todo = todo_from_row(row).map_err(self.err("listing finished todos"))?;
+        const WHAT: &str = "listing finished todos";
+        self.scan_without_mmap(
+            &format!(
+                "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 AND status IN {TERMINAL} \
+                 AND updated_at >= ?2 AND updated_at < ?3 ORDER BY updated_at, id"
+            ),
+            params![goal_id, from, to],
+            WHAT,
+            &mut |row| {
+                let mut todo = todo_from_row(row).map_err(self.err(WHAT))?;
                 todo.depends_on = self.deps_of(goal_id, &todo.id)?;
-                visit(&todo)?;
-            }
-            Ok(())
-        })
+                visit(&todo)
+            },
+        )
     }
 
     fn oldest_finished_todo_at(&self, goal_id: &str) -> Result<Option<i64>> {
