@@ -34,22 +34,11 @@ fn ops(p: &Project, op: &str) -> usize {
 }
 
 fn tick(p: &Project) -> std::process::Child {
-    p.command(&[
-        "--format",
-        "json",
-        "loop",
-        "--once",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a",
-        "--",
-        "true",
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap()
+    p.command(&crate::monitors::once_argv("a", &[], "true"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 fn probe_runs(child: std::process::Child) -> Vec<Value> {
@@ -278,20 +267,11 @@ fn a_failing_goal_probe_in_a_tick_blocks_no_work() {
         "work",
     ]);
     let out = p
-        .run(&[
-            "--format",
-            "json",
-            "loop",
-            "--once",
-            "--goal-id",
-            "g",
-            "--agent-id",
+        .run(&crate::monitors::once_argv(
             "a",
-            "--max-turns",
-            "1",
-            "--",
+            &["--max-turns", "1"],
             "true",
-        ])
+        ))
         .ok()
         .json();
     let beat = &out["heartbeat"];

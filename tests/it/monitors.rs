@@ -65,7 +65,9 @@ fn todo_ids(p: &Project) -> Vec<String> {
         .collect()
 }
 
-fn once(p: &Project, extra: &[&str]) -> Value {
+/// The argv of one cron tick (`loop --once`) on goal `g` as `agent`, with `extra` flags, running
+/// `host` for any turn.
+pub(crate) fn once_argv<'a>(agent: &'a str, extra: &[&'a str], host: &'a str) -> Vec<&'a str> {
     let mut args = vec![
         "--format",
         "json",
@@ -74,11 +76,15 @@ fn once(p: &Project, extra: &[&str]) -> Value {
         "--goal-id",
         "g",
         "--agent-id",
-        "a",
+        agent,
     ];
     args.extend_from_slice(extra);
-    args.extend_from_slice(&["--", "true"]);
-    p.run(&args).ok().json()["heartbeat"].clone()
+    args.extend_from_slice(&["--", host]);
+    args
+}
+
+fn once(p: &Project, extra: &[&str]) -> Value {
+    p.run(&once_argv("a", extra, "true")).ok().json()["heartbeat"].clone()
 }
 
 #[test]
@@ -514,22 +520,11 @@ fn overlapping_heartbeats_never_run_one_due_monitor_twice() {
         freeze(&p, T0 + round * HOUR);
         let children: Vec<_> = (0..4)
             .map(|_| {
-                p.command(&[
-                    "--format",
-                    "json",
-                    "loop",
-                    "--once",
-                    "--goal-id",
-                    "g",
-                    "--agent-id",
-                    "a",
-                    "--",
-                    "true",
-                ])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+                p.command(&once_argv("a", &[], "true"))
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
             })
             .collect();
         let mut ran = 0;
@@ -709,24 +704,11 @@ printf '{{"schema_version":"loopx.turn_result.v1","status":"progress","summary":
     let children: Vec<_> = ["a", "a", "b", "b"]
         .iter()
         .map(|agent| {
-            p.command(&[
-                "--format",
-                "json",
-                "loop",
-                "--once",
-                "--goal-id",
-                "g",
-                "--agent-id",
-                agent,
-                "--max-turns",
-                "1",
-                "--",
-                &host,
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+            p.command(&once_argv(agent, &["--max-turns", "1"], &host))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
         })
         .collect();
     let mut turns = 0;
@@ -792,20 +774,7 @@ fi
     let tick = |at: i64| {
         freeze(&p, at);
         let out = p
-            .run(&[
-                "--format",
-                "json",
-                "loop",
-                "--once",
-                "--goal-id",
-                "g",
-                "--agent-id",
-                "a",
-                "--max-turns",
-                "1",
-                "--",
-                &host,
-            ])
+            .run(&once_argv("a", &["--max-turns", "1"], &host))
             .ok()
             .json();
         let turns = out["heartbeat"]["turns"].as_array().unwrap().clone();
