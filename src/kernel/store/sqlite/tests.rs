@@ -465,17 +465,26 @@ fn the_next_lease_expiry_is_one_index_probe() {
 fn the_projections_live_todos_come_from_one_covering_index() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
-    let plan: Vec<String> = store
-        .conn
-        .prepare(&format!(
-            "EXPLAIN QUERY PLAN {}",
-            super::retention::live_projected_todos_sql()
-        ))
-        .unwrap()
-        .query_map(rusqlite::params!["g", 1, 0, 100], |r| r.get::<_, String>(3))
-        .unwrap()
-        .collect::<rusqlite::Result<_>>()
-        .unwrap();
+    let mut plan: Vec<String> = Vec::new();
+    for (i, sql) in super::retention::live_projected_todos_sql()
+        .iter()
+        .enumerate()
+    {
+        let mut stmt = store
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap();
+        let detail = |r: &rusqlite::Row<'_>| r.get::<_, String>(3);
+        if i == 0 {
+            let steps = stmt.query_map(rusqlite::params!["g", 1], detail).unwrap();
+            plan.extend(steps.map(Result::unwrap));
+        } else {
+            let steps = stmt
+                .query_map(rusqlite::params!["g", 1, 0, 100], detail)
+                .unwrap();
+            plan.extend(steps.map(Result::unwrap));
+        }
+    }
     assert!(
         plan.iter().any(|step| step
             == "SEARCH todos USING COVERING INDEX todos_live_views (goal_id=? AND status=?)"),
