@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::now_ms;
 use crate::error::{LoopxError, Message, NextAction, Part, Result, msg, refused};
 use crate::ids::new_ulid;
-use crate::kernel::store::{Backend, OpRecord, Store, StoreRead, StoreTx};
+use crate::kernel::store::{Backend, CommitSeq, OpRecord, Store, StoreRead, StoreTx};
 use crate::paths::ProjectPaths;
 
 /// Agent id used when a command names none and `LOOPX_AGENT_ID` is unset.
@@ -107,6 +107,9 @@ pub struct Kernel {
     store: Box<dyn Store>,
     /// Failures after a commit (see [`Kernel::after_commit`]), for the CLI to print.
     warnings: Vec<Message>,
+    /// The store's commit counter after this handle's last write transaction: what a projection
+    /// rendered inside that transaction is current as of.
+    last_commit: Option<CommitSeq>,
 }
 
 impl Kernel {
@@ -168,6 +171,7 @@ impl Kernel {
             paths,
             store,
             warnings: Vec::new(),
+            last_commit: None,
         };
         kernel.write_registry_projection()?;
         Ok(Some(kernel))
@@ -184,6 +188,7 @@ impl Kernel {
             paths,
             store,
             warnings: Vec::new(),
+            last_commit: None,
         })
     }
 
@@ -194,6 +199,7 @@ impl Kernel {
             paths,
             store,
             warnings: Vec::new(),
+            last_commit: None,
         }
     }
 
@@ -283,7 +289,7 @@ impl Kernel {
     fn in_transaction<R>(&mut self, f: impl FnOnce(&dyn StoreTx) -> Result<R>) -> Result<R> {
         let tx = self.store.begin_write()?;
         let out = f(&*tx)?;
-        tx.commit()?;
+        self.last_commit = Some(tx.commit()?);
         Ok(out)
     }
 

@@ -506,7 +506,7 @@ impl Kernel {
     /// Rewrites the goal's projections after a committed quota change: their quota section
     /// shows it, like every other write they show.
     fn reproject_quota(&mut self, goal_id: &str) {
-        let files = self.write_goal_projection(goal_id);
+        let files = self.refresh_goal_quota(goal_id);
         self.after_commit("writing the goal's state files", files);
     }
 }

@@ -110,7 +110,7 @@ impl Kernel {
         // A damaged state.json is reported before the run is recorded, so the command changes
         // nothing; the check is one `stat` when the file is LoopX's own last write.
         super::projection::check_before_overwrite(&self.paths().goal_state_json(&req.goal_id))?;
-        let (run, projection) = self.write(|tx| {
+        let (run, mut projection) = self.write(|tx| {
             require_goal(tx, &req.goal_id)?;
             let now = now_ms();
             let todo = match &req.todo_id {
@@ -158,6 +158,9 @@ impl Kernel {
         })?;
         let report = self.write_run_report(&run);
         self.after_commit("writing the run report", report);
+        if let Some(seq) = self.last_commit {
+            projection.committed_as(seq);
+        }
         let files = self.write_goal_files(&projection);
         self.after_commit("writing the goal's state files", files);
         Ok(run)

@@ -78,6 +78,164 @@ fn state_md_is_current_after_spend_void_and_policy() {
     );
 }
 
+fn state_json_text(p: &Project) -> String {
+    std::fs::read_to_string(p.state().join("goals/g/state.json")).unwrap()
+}
+
+/// The two state files with their times blanked: what a render shows of the database.
+fn state_files_untimed(p: &Project) -> (Value, String) {
+    let mut json: Value = serde_json::from_str(&state_json_text(p)).unwrap();
+    json["generated_at"] = Value::Null;
+    json["quota_as_of"] = Value::Null;
+    json["live_window"]["finished_since"] = Value::Null;
+    let md = state_md(p)
+        .lines()
+        .map(|l| match (l.find("Generated 2"), l.find(", as of 2")) {
+            (Some(i), _) | (_, Some(i)) => &l[..i],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    (json, md)
+}
+
+/// A spend right after a render rewrites only the quota parts of the state files (the render's
+/// `generated_at` stays, the quota carries its own time), and the files are then exactly what a
+/// full render of the database shows.
+#[test]
+fn a_spend_after_a_render_rewrites_only_the_quota_and_matches_a_full_render() {
+    let p = project();
+    for i in 0..5 {
+        p.ok(&[
+            "todo",
+            "add",
+            "--goal-id",
+            "g",
+            "--title",
+            &format!("work {i}"),
+        ]);
+    }
+    p.ok(&["refresh-state", "--goal-id", "g", "--agent-id", "a1"]);
+    let (json_before, md_before) = (state_json_text(&p), state_md(&p));
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    p.ok(&["quota", "spend-slot", "--goal-id", "g", "--agent-id", "a1"]);
+    let (json_after, md_after) = (state_json_text(&p), state_md(&p));
+
+    let tail = json_before.find("  \"quota_as_of\"").unwrap();
+    assert_eq!(
+        json_after[..tail],
+        json_before[..tail],
+        "only the quota fields change"
+    );
+    let v: Value = serde_json::from_str(&json_after).unwrap();
+    assert_eq!(v["quota"]["spent_slots"], 1);
+    assert_ne!(
+        v["generated_at"], v["quota_as_of"],
+        "the render's time stays"
+    );
+    let section = |md: &str| {
+        let start = md.find("## Quota").unwrap();
+        let end = start + md[start..].find("\n\n## ").unwrap_or(md.len() - start);
+        (md[..start].to_string(), md[end..].to_string())
+    };
+    assert_eq!(section(&md_after), section(&md_before));
+    assert!(md_after.contains("1 of 1440 slots spent"), "{md_after}");
+
+    let spliced = state_files_untimed(&p);
+    p.ok(&["refresh-state"]);
+    assert_eq!(
+        state_files_untimed(&p),
+        spliced,
+        "a full render shows the same"
+    );
+    let v: Value = serde_json::from_str(&state_json_text(&p)).unwrap();
+    assert_eq!(v["generated_at"], v["quota_as_of"]);
+}
+
+/// When anything else committed since the render (a claim), or a file is no longer the one
+/// LoopX wrote, a spend renders the files in full: they never show a state the database was not
+/// in.
+#[test]
+fn a_spend_renders_in_full_after_another_commit_or_an_edited_file() {
+    let p = project();
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--title",
+        "work",
+        "--id",
+        "t1",
+    ]);
+    p.ok(&["refresh-state", "--goal-id", "g", "--agent-id", "a1"]);
+    p.ok(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        "t1",
+        "--agent-id",
+        "a1",
+    ]);
+    p.ok(&[
+        "quota",
+        "spend-slot",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--effect-id",
+        "e1",
+    ]);
+    assert!(state_md(&p).contains("claimed by a1"), "{}", state_md(&p));
+    let v: Value = serde_json::from_str(&state_json_text(&p)).unwrap();
+    assert_eq!(v["generated_at"], v["quota_as_of"], "rendered in full");
+
+    // Edited by hand after the render: rendered again, not patched at stale offsets.
+    let md_path = p.state().join("goals/g/STATE.md");
+    std::fs::write(&md_path, format!("# edited\n{}", state_md(&p))).unwrap();
+    p.ok(&[
+        "quota",
+        "spend-slot",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--effect-id",
+        "e2",
+    ]);
+    let md = state_md(&p);
+    assert!(
+        !md.starts_with("# edited") && md.contains("2 of 1440 slots spent"),
+        "{md}"
+    );
+    let spliced = state_files_untimed(&p);
+    p.ok(&["refresh-state"]);
+    assert_eq!(state_files_untimed(&p), spliced);
+
+    // A stamp that no longer parses: rendered in full as well.
+    std::fs::write(p.state().join("goals/g/.state.json.stamp"), "garbage").unwrap();
+    p.ok(&[
+        "quota",
+        "spend-slot",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--effect-id",
+        "e3",
+    ]);
+    assert!(
+        state_md(&p).contains("3 of 1440 slots spent"),
+        "{}",
+        state_md(&p)
+    );
+    let v: Value = serde_json::from_str(&state_json_text(&p)).unwrap();
+    assert_eq!(v["generated_at"], v["quota_as_of"]);
+}
+
 /// One step of the property below.
 #[derive(Debug, Clone)]
 enum Step {

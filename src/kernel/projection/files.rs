@@ -31,7 +31,7 @@ pub fn check_json_projection(path: &Path) -> Result<()> {
 pub(crate) fn check_before_overwrite(path: &Path) -> Result<()> {
     match std::fs::metadata(path) {
         Ok(meta) if meta.len() == 0 => Ok(()),
-        Ok(meta) if read_stamp(path).as_deref() == Some(stamp_of(&meta).as_str()) => Ok(()),
+        Ok(meta) if stamp_matches(read_stamp(path).as_deref(), &meta) => Ok(()),
         _ => check_json_projection(path),
     }
 }
@@ -59,17 +59,29 @@ pub(super) fn read_stamp(path: &Path) -> Option<String> {
     std::fs::read_to_string(stamp_path(path)).ok()
 }
 
+/// Whether a stamp's first line (the projection's own stat; a goal's state stamp has a second)
+/// is the stat `meta`.
+pub(super) fn stamp_matches(stamp: Option<&str>, meta: &std::fs::Metadata) -> bool {
+    stamp.and_then(|s| s.lines().next()) == Some(stamp_of(meta).as_str())
+}
+
 /// Writes a JSON projection after checking the file it replaces, and stamps the result.
 pub(super) fn write_json_projection(
     path: &Path,
     fill: impl FnOnce(&mut ProjectionWriter) -> std::io::Result<()>,
 ) -> Result<()> {
-    check_before_overwrite(path)?;
-    write_atomic_with(path, fill)?;
-    // Renaming keeps the inode and modification time: this is the stat of our write.
-    let meta = std::fs::metadata(path)
-        .map_err(|e| LoopxError::internal(format!("reading {}", path.display()), e))?;
+    let meta = replace_json_projection(path, fill)?;
     write_stamp(&stamp_path(path), stamp_of(&meta).as_bytes())
+}
+
+/// Replaces a JSON projection after checking the file it replaces, and returns the stat of the
+/// new file for its stamp (which the caller writes).
+pub(super) fn replace_json_projection(
+    path: &Path,
+    fill: impl FnOnce(&mut ProjectionWriter) -> std::io::Result<()>,
+) -> Result<std::fs::Metadata> {
+    check_before_overwrite(path)?;
+    write_atomic_with(path, fill)
 }
 
 /// Overwrites the stamp file in place. A stamp left stale by a crash between the rename and this
@@ -98,36 +110,66 @@ pub(super) fn write_stamp(stamp_file: &Path, stamp: &[u8]) -> Result<()> {
 
 /// Writes `bytes` to `path` atomically (see [`with_temp_file`]), straight from the slice.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    with_temp_file(path, |mut file| file.write_all(bytes))
+    write_atomic_stat(path, bytes).map(drop)
+}
+
+/// [`write_atomic`], returning the stat of the file written: taken from the temp file before the
+/// rename (which keeps inode and modification time), so it is this write's even when another
+/// process replaces `path` right after.
+pub(super) fn write_atomic_stat(path: &Path, bytes: &[u8]) -> Result<std::fs::Metadata> {
+    with_temp_file(path, |mut file| {
+        file.write_all(bytes)?;
+        Ok(file)
+    })
 }
 
 /// The buffered temp file a projection is streamed into; a concrete type, so serde's many small
 /// writes inline into buffer copies.
 pub(super) type ProjectionWriter = BufWriter<File>;
 
-/// Writes `path` atomically, `fill` streaming the content through a 64 KiB buffer.
+/// Writes `path` atomically, `fill` streaming the content through a 64 KiB buffer; returns the
+/// stat of the file written, as [`write_atomic_stat`] does.
 pub(super) fn write_atomic_with(
     path: &Path,
     fill: impl FnOnce(&mut ProjectionWriter) -> std::io::Result<()>,
-) -> Result<()> {
+) -> Result<std::fs::Metadata> {
     with_temp_file(path, |file| {
         let mut w = BufWriter::with_capacity(64 << 10, file);
         fill(&mut w)?;
-        w.into_inner().map_err(|e| e.into_error())?;
-        Ok(())
+        w.into_inner().map_err(|e| e.into_error())
     })
 }
 
-/// Writes `path` atomically: `write` fills a temp file in the same directory, which then takes
-/// the target's place in one step, so a reader sees the old or the new file.
+/// Writes `path` through a temp file beside it and renames that over `path`, so a reader sees
+/// the old content or the new, never part of it. Returns the written file's stat.
 pub(super) fn with_temp_file(
     path: &Path,
-    write: impl FnOnce(File) -> std::io::Result<()>,
-) -> Result<()> {
+    write: impl FnOnce(File) -> std::io::Result<File>,
+) -> Result<std::fs::Metadata> {
+    with_temp_file_unless_declined(path, |file| write(file).map(Some))?.ok_or_else(|| {
+        LoopxError::internal(
+            format!("writing {}", path.display()),
+            std::io::Error::other("the write was declined"),
+        )
+    })
+}
+
+/// [`with_temp_file`], except that `write` may decline (`Ok(None)`) once it has seen what it
+/// builds on: the temp file is then removed, `path` is left as it is, and the result is `None`.
+pub(super) fn with_temp_file_unless_declined(
+    path: &Path,
+    write: impl FnOnce(File) -> std::io::Result<Option<File>>,
+) -> Result<Option<std::fs::Metadata>> {
     let tmp = temp_path_beside(path)?;
-    let result = (|| -> std::io::Result<()> {
-        write(File::create(&tmp)?)?;
-        replace(&tmp, path)
+    let result = (|| -> std::io::Result<Option<std::fs::Metadata>> {
+        let Some(file) = write(File::create(&tmp)?)? else {
+            std::fs::remove_file(&tmp)?;
+            return Ok(None);
+        };
+        let meta = file.metadata()?;
+        drop(file);
+        replace(&tmp, path)?;
+        Ok(Some(meta))
     })();
     result.map_err(|e| {
         let _ = std::fs::remove_file(&tmp);

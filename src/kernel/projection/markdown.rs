@@ -83,7 +83,7 @@ pub(super) fn state_markdown(
     window: &LiveWindow,
     monitors: &[crate::model::Monitor],
     now: i64,
-) -> String {
+) -> (String, std::ops::Range<usize>) {
     let mut md = String::with_capacity(1024 + todos.md.len());
     let _ = write!(md, "# {}\n\n", md_inline(&goal.title));
     md.push_str(&format!("Goal `{}` is **{}**. Generated {} from the LoopX database; edits here are not read back.\n\n", goal.id, goal.status, rfc3339(now)));
@@ -143,11 +143,9 @@ pub(super) fn state_markdown(
             window.days
         );
     }
-    md.push_str("## Quota\n\n");
-    md.push_str(&format!(
-        "{} of {} slots spent in the window ({}).\n\n",
-        quota.spent_slots, quota.allowed_slots, quota.state
-    ));
+    let quota_start = md.len();
+    quota_markdown(&mut md, quota, now);
+    let quota_section = quota_start..md.len();
     if let Some(p) = &goal.next_probe {
         md.push_str(&format!(
             "## Next probe (stored, never executed)\n\n{}\n\n",
@@ -166,7 +164,20 @@ pub(super) fn state_markdown(
             md_inline(&e.text)
         ));
     }
-    md
+    (md, quota_section)
+}
+
+/// STATE.md's quota section, dated: a spend rewrites only this section when nothing else changed
+/// since the file was rendered (`quota_refresh`), so it carries its own time.
+pub(super) fn quota_markdown(md: &mut String, quota: &quota::QuotaView, now: i64) {
+    let _ = write!(
+        md,
+        "## Quota\n\n{} of {} slots spent in the window ({}), as of {}.\n\n",
+        quota.spent_slots,
+        quota.allowed_slots,
+        quota.state,
+        rfc3339(now)
+    );
 }
 
 /// The head of a goal's monthly archive (`archive/<YYYY-MM>.md`), up to its first todo; the

@@ -26,9 +26,13 @@ use serde_json::{Value, json};
 
 mod files;
 mod markdown;
+mod quota_refresh;
 mod wire;
 
-use files::{PendingFile, ProjectionWriter, write_json_projection, write_once};
+use files::{
+    PendingFile, ProjectionWriter, replace_json_projection, stamp_of, write_atomic_stat,
+    write_json_projection, write_once,
+};
 pub(crate) use files::{check_before_overwrite, temp_writer_pid};
 pub use files::{check_json_projection, write_atomic};
 use markdown::{run_markdown, state_markdown, todo_markdown};
@@ -40,7 +44,9 @@ pub use wire::{EvidenceView, TodoView, evidence_json, goal_json, run_json, todo_
 use super::{Kernel, quota};
 use crate::clock::{Rfc3339, now_ms, rfc3339};
 use crate::error::Result;
-use crate::kernel::store::{ProjectedTodo, ProjectionCacheTx, StoreRead, TodoLines, TodoOrder};
+use crate::kernel::store::{
+    CommitSeq, ProjectedTodo, ProjectionCacheTx, StoreRead, TodoLines, TodoOrder,
+};
 use crate::model::{Evidence, Goal, Role, Run, TodoStatus};
 
 pub const REGISTRY_SCHEMA: &str = "loopx.registry.v1";
@@ -69,6 +75,8 @@ pub(crate) struct GoalProjection {
     monitors: Vec<crate::model::Monitor>,
     /// The goal's provider probe, if it has one.
     goal_probe: Option<crate::model::GoalProbe>,
+    /// The store's commit counter the files will be current as of.
+    seq: CommitSeq,
 }
 
 /// The projections' live window: finished todos last written before `finished_since` are left
@@ -156,6 +164,7 @@ impl GoalProjection {
         })?;
         let goal_probe = tx.goal_probe(goal_id)?;
         Ok(GoalProjection {
+            seq: tx.commit_seq()?,
             goal_probe,
             monitors,
             window: LiveWindow::new(days, finished_since, &counts, &todos),
@@ -166,6 +175,12 @@ impl GoalProjection {
             goal,
             now,
         })
+    }
+
+    /// Marks a projection read inside a write transaction as current as of that transaction's
+    /// commit, `seq`.
+    pub(crate) fn committed_as(&mut self, seq: CommitSeq) {
+        self.seq = seq;
     }
 
     /// Counts of the goal's todos per (role, status), as `StoreRead::todo_status_counts` gives them.
@@ -276,8 +291,9 @@ impl RenderedTodos {
 /// Writes `goals/<id>/state.json`. The file is line-oriented JSON: one top-level key per line and
 /// one todo per line (compact), so `grep '"id":"t42"'` finds a todo and a diff between two
 /// refreshes shows exactly the todos that changed; rendering 1,000 todos this way also costs half
-/// of pretty-printing them, which mattered on every `refresh-state`.
-fn write_state_json(w: &mut ProjectionWriter, p: &GoalProjection) -> std::io::Result<()> {
+/// of pretty-printing them, which mattered on every `refresh-state`. Returns where the quota
+/// fields start: they come last, so a spend can rewrite them alone (`quota_refresh`).
+fn write_state_json(w: &mut ProjectionWriter, p: &GoalProjection) -> std::io::Result<u64> {
     let GoalProjection {
         now,
         goal,
@@ -332,7 +348,17 @@ fn write_state_json(w: &mut ProjectionWriter, p: &GoalProjection) -> std::io::Re
         field(w, "goal_probe", &wire::goal_probe_json(probe))?;
     }
     field(w, "live_window", &window.to_json())?;
-    write!(w, "  \"quota\": ")?;
+    let quota_at = std::io::Seek::stream_position(w)?;
+    write_quota_tail(w, quota, now)?;
+    Ok(quota_at)
+}
+
+/// The end of `state.json` from its quota fields on: the quota and the time it was read at,
+/// which is the file's `generated_at` unless a later spend rewrote only this part.
+fn write_quota_tail(w: &mut impl Write, quota: &quota::QuotaView, now: i64) -> std::io::Result<()> {
+    write!(w, "  \"quota_as_of\": ")?;
+    serde_json::to_writer(&mut *w, &Rfc3339(now))?;
+    write!(w, ",\n  \"quota\": ")?;
     serde_json::to_writer(&mut *w, &quota.to_json())?;
     w.write_all(b"\n}\n")
 }
@@ -375,10 +401,13 @@ impl Kernel {
 
     /// Writes `state.json` (after checking the file it replaces) and `STATE.md`.
     pub(crate) fn write_goal_files(&self, p: &GoalProjection) -> Result<()> {
-        write_json_projection(&self.paths().goal_state_json(&p.goal.id), |w| {
-            write_state_json(w, p)
+        let json_path = self.paths().goal_state_json(&p.goal.id);
+        let mut json_quota_at = 0;
+        let json_meta = replace_json_projection(&json_path, |w| {
+            json_quota_at = write_state_json(w, p)?;
+            Ok(())
         })?;
-        let mut md = state_markdown(
+        let (mut md, md_quota) = state_markdown(
             &p.goal,
             &p.todos,
             &p.evidence,
@@ -390,7 +419,15 @@ impl Kernel {
         if let Some(probe) = &p.goal_probe {
             markdown::goal_probe_markdown(&mut md, probe);
         }
-        write_atomic(&self.paths().goal_state_md(&p.goal.id), md.as_bytes())?;
+        let md_meta = write_atomic_stat(&self.paths().goal_state_md(&p.goal.id), md.as_bytes())?;
+        quota_refresh::StateStamp {
+            json: stamp_of(&json_meta),
+            md: stamp_of(&md_meta),
+            seq: p.seq,
+            json_quota_at,
+            md_quota: md_quota.start as u64..md_quota.end as u64,
+        }
+        .write(&json_path)?;
         // One `stat` when the month that last left the live window is archived already.
         self.write_goal_archives_before(&p.goal.id, p.window.finished_since)
     }

@@ -56,6 +56,10 @@ pub(crate) fn run_all(fresh: Fresh<'_>) {
         ),
         ("read snapshots", a_rolled_back_write_leaves_nothing),
         (
+            "commit counter",
+            the_commit_counter_counts_commits_that_change_rows,
+        ),
+        (
             "monitors and deferrals",
             monitors_list_by_due_time_and_follow_their_todos,
         ),
@@ -649,6 +653,44 @@ pub(crate) fn a_rolled_back_write_leaves_nothing(open: Factory<'_>) {
         ["kept"],
         "the outer snapshot outlives the inner one"
     );
+}
+
+/// The commit counter rises by one with each commit that changed a row, from any handle, and
+/// by nothing for a commit that changed none or a transaction rolled back; a snapshot keeps the
+/// value it began with. Projections rely on it to know nothing else committed since they were
+/// rendered.
+pub(crate) fn the_commit_counter_counts_commits_that_change_rows(open: Factory<'_>) {
+    use super::CommitSeq;
+    let mut a = open();
+    let mut b = open();
+    let seq = |store: &dyn Store| read(store, |tx| tx.commit_seq().unwrap());
+    let start = seq(&*a);
+    let tx = a.begin_write().unwrap();
+    tx.insert_goal(&goal("g")).unwrap();
+    assert_eq!(tx.commit().unwrap(), start.next());
+    assert_eq!(seq(&*b), start.next(), "another handle sees the count");
+
+    let snapshot = a.begin_read().unwrap();
+    assert_eq!(snapshot.commit_seq().unwrap(), start.next());
+    let tx = b.begin_write().unwrap();
+    tx.insert_todo(&todo("g", "t1")).unwrap();
+    assert_eq!(tx.commit().unwrap(), CommitSeq(start.0 + 2));
+    assert_eq!(
+        snapshot.commit_seq().unwrap(),
+        start.next(),
+        "a snapshot keeps its count"
+    );
+    drop(snapshot);
+
+    // Nothing changed, then a rollback: the count stays.
+    let tx = b.begin_write().unwrap();
+    assert!(tx.goal("g").unwrap().is_some());
+    assert_eq!(tx.commit().unwrap(), CommitSeq(start.0 + 2));
+    {
+        let tx = a.begin_write().unwrap();
+        tx.insert_goal(&goal("dropped")).unwrap();
+    }
+    assert_eq!(seq(&*a), CommitSeq(start.0 + 2));
 }
 
 fn monitor(goal_id: &str, todo_id: &str, next_due_at: i64) -> crate::model::Monitor {

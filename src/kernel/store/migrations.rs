@@ -15,6 +15,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (10, V10),
     (11, V11),
     (12, V12),
+    (13, V13),
 ];
 
 const V1: &str = r#"
@@ -374,4 +375,13 @@ CREATE INDEX todos_by_seq ON todos(goal_id, seq);
 const V12: &str = r#"
 CREATE INDEX todos_live_views ON todos(goal_id, status, view_key, id, view_format, claim_agent, view_json, view_md)
     WHERE status IN ('open', 'claimed', 'blocked', 'deferred');
+"#;
+
+/// The store's commit counter: one row, its `seq` raised by every write transaction that changes
+/// a row ([`super::StoreTx::commit`]). A projection records the `seq` it was rendered at, so a
+/// later command can tell that nothing but its own commit happened since (docs/state-model.md,
+/// "Commit sequence").
+const V13: &str = r#"
+CREATE TABLE commits (id INTEGER PRIMARY KEY, seq INTEGER NOT NULL);
+INSERT INTO commits (id, seq) VALUES (1, 0);
 "#;

@@ -75,6 +75,20 @@ pub struct CompactableTurn {
     pub data_bytes: i64,
 }
 
+/// The number of write transactions that changed a row, as of a snapshot: the store's commit
+/// counter. Commits are serialized, so a snapshot at `n` followed by exactly one commit is at
+/// `n.next()`; a projection stamped with the `seq` it was rendered at is current as long as the
+/// counter has not moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CommitSeq(pub u64);
+
+impl CommitSeq {
+    /// The counter after one more commit.
+    pub fn next(self) -> CommitSeq {
+        CommitSeq(self.0 + 1)
+    }
+}
+
 /// Where a todo stands in the listing order of [`StoreRead::todos`] (priority, then creation).
 /// Sorting by it puts todos visited by [`StoreRead::for_each_todo`] in that order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -167,6 +181,9 @@ pub trait Store: Send {
 
 /// Queries inside one transaction, read snapshot or write. Has no method that writes.
 pub trait StoreRead: MonitorRead + GoalProbeRead {
+    /// The commit counter as of this snapshot (see [`CommitSeq`]).
+    fn commit_seq(&self) -> Result<CommitSeq>;
+
     // Goals (layer 1 registry + layer 2 goal state).
     fn goal(&self, id: &str) -> Result<Option<Goal>>;
     fn goals(&self) -> Result<Vec<Goal>>;
@@ -280,7 +297,9 @@ pub trait StoreRead: MonitorRead + GoalProbeRead {
 
 /// Writes inside one write transaction, which also reads what it has written.
 pub trait StoreTx: StoreRead + MonitorTx + GoalProbeTx {
-    fn commit(self: Box<Self>) -> Result<()>;
+    /// Commits, and returns the commit counter as of this transaction's end: one more than at
+    /// its start when it changed a row, the same when it changed none.
+    fn commit(self: Box<Self>) -> Result<CommitSeq>;
 
     // Goals (layer 1 registry + layer 2 goal state).
     fn insert_goal(&self, goal: &Goal) -> Result<()>;

@@ -71,6 +71,17 @@ impl<'a> Db<'a> {
     }
 }
 
+impl Db<'_> {
+    pub(super) fn commit_seq(&self) -> Result<CommitSeq> {
+        self.query_one(
+            "SELECT seq FROM commits WHERE id = 1",
+            [],
+            |r| r.get(0).map(CommitSeq),
+            "reading the commit counter",
+        )
+    }
+}
+
 /// The mode of a [`SqliteTx`]: [`Read`] or [`Write`].
 pub(super) trait Mode {
     const BEGIN: &'static str;
@@ -99,6 +110,9 @@ pub(super) struct SqliteTx<'a, M: Mode> {
     /// Whether there is nothing left to roll back: committed, or a read that joined a
     /// transaction already open on the connection (whose owner ends it).
     finished: bool,
+    /// The connection's count of changed rows when the transaction began: a commit raises the
+    /// commit counter only when it moved.
+    changes_at_begin: u64,
     mode: PhantomData<M>,
 }
 
@@ -121,6 +135,7 @@ impl<'a, M: Mode> SqliteTx<'a, M> {
         Ok(SqliteTx {
             db,
             finished: joined,
+            changes_at_begin: conn.total_changes(),
             mode: PhantomData,
         })
     }
@@ -176,6 +191,10 @@ impl SqliteTx<'_, Write> {
 }
 
 impl<M: Mode> StoreRead for SqliteTx<'_, M> {
+    fn commit_seq(&self) -> Result<CommitSeq> {
+        self.db.commit_seq()
+    }
+
     fn goal(&self, id: &str) -> Result<Option<Goal>> {
         self.db.goal(id)
     }
@@ -357,8 +376,18 @@ impl<M: Mode> StoreRead for SqliteTx<'_, M> {
 }
 
 impl StoreTx for SqliteTx<'_, Write> {
-    fn commit(mut self: Box<Self>) -> Result<()> {
+    fn commit(mut self: Box<Self>) -> Result<CommitSeq> {
         let Db { conn, path } = self.db;
+        let seq = if conn.total_changes() == self.changes_at_begin {
+            self.db.commit_seq()?
+        } else {
+            self.db.query_one(
+                "UPDATE commits SET seq = seq + 1 WHERE id = 1 RETURNING seq",
+                [],
+                |r| r.get(0).map(CommitSeq),
+                "counting the commit",
+            )?
+        };
         conn.execute_batch("COMMIT")
             .map_err(|e| map_err_errno(path, "committing", e, system_errno(conn)))?;
         self.finished = true;
@@ -367,7 +396,7 @@ impl StoreTx for SqliteTx<'_, Write> {
             // tries again.
             let _ = self.restart_wal();
         }
-        Ok(())
+        Ok(seq)
     }
 
     fn insert_goal(&self, goal: &Goal) -> Result<()> {
