@@ -192,6 +192,17 @@ impl SqliteStore {
                 true,
             )
             .map_err(|e| map_err(&path, "configuring checkpoints", e))?;
+        // The query planner stability guarantee: a statement's plan never depends on the values
+        // bound to it. Without it SQLite prepares a statement with a bound `LIMIT` (history
+        // pages, the projections' finished todos) a second time on its first step, to plan with
+        // the value; none of LoopX's plans gain from that, and each second prepare cost as much
+        // as the first (docs/benchmarks.md).
+        self.conn
+            .set_db_config(
+                rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+                true,
+            )
+            .map_err(|e| map_err(&path, "configuring the query planner", e))?;
         Ok(())
     }
 
