@@ -16,6 +16,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (11, V11),
     (12, V12),
     (13, V13),
+    (14, V14),
 ];
 
 const V1: &str = r#"
@@ -384,4 +385,13 @@ CREATE INDEX todos_live_views ON todos(goal_id, status, view_key, id, view_forma
 const V13: &str = r#"
 CREATE TABLE commits (id INTEGER PRIMARY KEY, seq INTEGER NOT NULL);
 INSERT INTO commits (id, seq) VALUES (1, 0);
+"#;
+
+/// `todo_counts` is kept by the store's one writer of todos (`Db::write_todo`) instead of
+/// triggers: every process parsed the three triggers with the schema, and every statement that
+/// writes a todo compiled them in, which cost more than the counting (docs/decisions.md).
+const V14: &str = r#"
+DROP TRIGGER todo_counts_insert;
+DROP TRIGGER todo_counts_update;
+DROP TRIGGER todo_counts_delete;
 "#;
