@@ -435,6 +435,23 @@ pub fn exec_wasm_host(_ctx: &Context, _command: Command) -> Result<Output> {
     )))
 }
 
+/// The process arguments as a [`Cli`], as `Cli::try_parse` gives them, except that the command
+/// tree clap built to parse them is left for the exit to release, as the store is: freeing its
+/// thousands of small allocations cost more than half of parsing (docs/benchmarks.md).
+fn parse_args() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let mut command = Cli::command();
+    let parsed = command
+        .try_get_matches_from_mut(std::env::args_os())
+        .and_then(|mut matches| {
+            let cli = Cli::from_arg_matches_mut(&mut matches);
+            std::mem::forget(matches);
+            cli.map_err(|e| e.format(&mut Cli::command()))
+        });
+    std::mem::forget(command);
+    parsed
+}
+
 /// Runs the CLI with the process arguments and returns the exit code, which the caller, a
 /// binary's `main`, exits with at once (the store is left for the exit to release:
 /// [`Context::release_at_exit`]).
@@ -443,7 +460,7 @@ pub fn main(wasm: WasmDispatch) -> i32 {
         return code;
     }
     let started = std::time::Instant::now();
-    let cli = match Cli::try_parse() {
+    let cli = match parse_args() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => return argument_error(&e, std::env::args_os()),
         Err(e) => {
