@@ -6,14 +6,22 @@
 use super::*;
 use crate::kernel::store::{CompactableTurn, RetentionPolicy, RetentionRead, RetentionTx};
 
-/// The terminal statuses (`TodoStatus::is_terminal`) as SQL: `todos_by_finish` is walked per
-/// status.
 use super::todos::LIVE_STATUSES;
 
-const TERMINAL: &str = "('completed', 'archived')";
+/// A todo in a terminal status (`TodoStatus::is_terminal`), as SQL spelled exactly as the `WHERE`
+/// of the partial index `todos_by_finish`, so that SQLite can use the index for it.
+const TERMINAL: &str = "(status = 'completed' OR status = 'archived')";
 
 /// The most finished todos of one status the goal projections list (the rest are counted).
 pub(crate) const LIVE_FINISHED_PER_STATUS: i64 = 100;
+
+/// A goal's todos that finished in `[?2, ?3)`, oldest first, through `todos_by_finish`.
+pub(super) fn finished_between_sql() -> String {
+    format!(
+        "SELECT {TODO_COLUMNS} FROM todos INDEXED BY todos_by_finish WHERE goal_id = ?1 AND {TERMINAL} \
+         AND updated_at >= ?2 AND updated_at < ?3 ORDER BY updated_at, id"
+    )
+}
 
 /// The newest todos of a terminal `status` written at or after `?3`, at most `?4`.
 fn newest_finished(status: &str) -> String {
@@ -216,10 +224,7 @@ impl Db<'_> {
         // the history, the map all of it.
         const WHAT: &str = "listing finished todos";
         self.scan_without_mmap(
-            &format!(
-                "SELECT {TODO_COLUMNS} FROM todos WHERE goal_id = ?1 AND status IN {TERMINAL} \
-                 AND updated_at >= ?2 AND updated_at < ?3 ORDER BY updated_at, id"
-            ),
+            &finished_between_sql(),
             params![goal_id, from, to],
             WHAT,
             &mut |row| {

@@ -459,6 +459,55 @@ fn the_next_lease_expiry_is_one_index_probe() {
     );
 }
 
+/// The queries behind the partial todo indexes (migration 15) still use them: each index's `WHERE`
+/// is implied by the query's own terms, or SQLite would walk the goal's todos instead.
+#[test]
+fn the_partial_todo_indexes_serve_their_queries() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::create(&dir.path().join("loopx.db")).unwrap();
+    let plan = |sql: &str, params: &[&dyn rusqlite::ToSql]| -> Vec<String> {
+        store
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap()
+            .query_map(params, |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    };
+    let cases: [(String, &[&dyn rusqlite::ToSql], &str); 4] = [
+        (
+            super::todos::CLAIM_OF_AGENT.to_string(),
+            &[&"g", &"a", &0],
+            "todos_by_expiry",
+        ),
+        (
+            super::todos::bound_capabilities_sql(),
+            &[&"g"],
+            "todos_by_capability",
+        ),
+        (
+            super::retention::finished_between_sql(),
+            &[&"g", &0, &1],
+            "todos_by_finish",
+        ),
+        (
+            super::monitors::NEXT_LEASE_EXPIRY.to_string(),
+            &[&"g", &0],
+            "todos_by_expiry",
+        ),
+    ];
+    for (sql, params, index) in cases {
+        let steps = plan(&sql, params);
+        assert!(
+            steps
+                .iter()
+                .any(|step| step.contains(&format!("INDEX {index} "))),
+            "{sql}: {steps:?}"
+        );
+    }
+}
+
 /// Rendering a goal reads its live todos' cached lines from one covering index (no row looked up
 /// by key), and its recently finished ones from `todos_by_finish`.
 #[test]

@@ -7,6 +7,20 @@ use super::*;
 /// of a status index rather than a walk past every finished todo (`NOT IN` is not a range).
 pub(super) const LIVE_STATUSES: &str = "('open', 'claimed', 'blocked', 'deferred')";
 
+/// An agent's live claim, among the goal's claimed todos in `todos_by_expiry` (which holds only
+/// those).
+pub(super) const CLAIM_OF_AGENT: &str = "SELECT id FROM todos WHERE goal_id = ?1 AND claim_agent = ?2 \
+     AND status = 'claimed' AND claim_expires_at > ?3 ORDER BY priority, seq LIMIT 1";
+
+/// The capabilities the goal's live todos are bound to, through `todos_by_capability` (which
+/// holds only todos with one).
+pub(super) fn bound_capabilities_sql() -> String {
+    format!(
+        "SELECT DISTINCT capability FROM todos WHERE goal_id = ?1 \
+         AND capability IS NOT NULL AND status IN {LIVE_STATUSES} ORDER BY capability"
+    )
+}
+
 /// The ids of a goal's open user todos (gates), in listing order. Read by every `should-run` and
 /// `claim`. Without statistics SQLite preferred scanning all of the goal's todos by primary key
 /// and sorting them to the index that holds the few user todos, hence `INDEXED BY` (the cost of
@@ -340,8 +354,7 @@ impl Db<'_> {
         Ok(self
             .todos_by_selected_ids(
                 goal_id,
-                "SELECT id FROM todos WHERE goal_id = ?1 AND claim_agent = ?2 AND status = 'claimed' \
-                 AND claim_expires_at > ?3 ORDER BY priority, seq LIMIT 1",
+                CLAIM_OF_AGENT,
                 params![goal_id, agent_id, now],
                 "reading the agent's claim",
             )?
@@ -395,10 +408,7 @@ impl Db<'_> {
 
     pub(super) fn bound_capabilities(&self, goal_id: &str) -> Result<Vec<String>> {
         self.query_all(
-            &format!(
-                "SELECT DISTINCT capability FROM todos WHERE goal_id = ?1 \
-                 AND capability IS NOT NULL AND status IN {LIVE_STATUSES} ORDER BY capability"
-            ),
+            &bound_capabilities_sql(),
             [goal_id],
             |r| r.get(0),
             "listing capability bindings",
