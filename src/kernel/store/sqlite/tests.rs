@@ -197,6 +197,33 @@ fn sqlite_is_built_with_the_flags_of_cargo_config() {
     }
 }
 
+/// Every connection the store opens plans without bound values, so no statement is prepared a
+/// second time on its first step, and never checkpoints on close.
+#[test]
+fn the_store_connection_has_the_planner_guarantee_and_no_checkpoint_on_close() {
+    use rusqlite::config::DbConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("loopx.db");
+    let check = |store: &SqliteStore| {
+        assert!(
+            store
+                .conn
+                .db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG)
+                .unwrap()
+        );
+        assert!(
+            store
+                .conn
+                .db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE)
+                .unwrap()
+        );
+    };
+    let created = SqliteStore::create(&path).unwrap();
+    check(&created);
+    drop(created);
+    check(&SqliteStore::open(&path).unwrap());
+}
+
 #[test]
 fn a_store_whose_wal_was_removed_reopens_with_its_data() {
     // Another SQLite client closing the database last checkpoints and deletes the WAL; the
