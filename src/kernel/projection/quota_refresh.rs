@@ -84,37 +84,86 @@ impl StateStamp {
     }
 }
 
-/// Replaces `path` with a copy of itself whose bytes from `start` to `end` (the end of the file
-/// when `None`) are `replacement`, if `path` is
-/// still the file its stamp names (`stat`, its [`stamp_of`]) both before and after the copy is
-/// taken; otherwise leaves it alone and returns `None`. The unchanged bytes are copied through
-/// one open file by the kernel (`std::io::copy` between files is `copy_file_range`), not read
-/// into this process: the todo lines of a large goal are most of `state.json`.
-fn splice_file(
-    path: &Path,
-    stat: &str,
+/// A file the stamp names, opened for a splice: still the stamped file, and its bytes from
+/// `start` to `end` are a quota part as this module writes them.
+struct StampedPart<'a> {
+    file: std::fs::File,
+    stat: &'a str,
     start: u64,
-    end: Option<u64>,
-    replacement: &[u8],
-) -> Result<Option<std::fs::Metadata>> {
-    use std::io::{Read, Seek, SeekFrom, Write};
-    let Ok(src) = std::fs::File::open(path) else {
-        return Ok(None);
-    };
-    let stamped = |f: &std::fs::File| f.metadata().is_ok_and(|m| stamp_of(&m) == stat);
-    let len = src.metadata().map(|m| m.len()).unwrap_or(0);
-    let end = end.unwrap_or(len);
-    if !stamped(&src) || start > end || end > len {
-        return Ok(None);
+    end: u64,
+}
+
+impl<'a> StampedPart<'a> {
+    /// `None` unless `path` is still the file a stamp names (`stat`, its [`stamp_of`]) and the
+    /// bytes the stamp places from `start` to `end` (the end of the file when `None`) pass
+    /// `is_quota_part`: a stamp with offsets that do not fit the file (torn, stale, or written
+    /// by someone else) must not splice text into the middle of a todo line.
+    fn open(
+        path: &Path,
+        stat: &'a str,
+        start: u64,
+        end: Option<u64>,
+        is_quota_part: fn(&[u8]) -> bool,
+    ) -> Option<StampedPart<'a>> {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::open(path).ok()?;
+        let meta = file.metadata().ok()?;
+        if stamp_of(&meta) != stat {
+            return None;
+        }
+        let end = end.unwrap_or(meta.len());
+        if start > end || end > meta.len() || end - start > MAX_QUOTA_PART {
+            return None;
+        }
+        let mut old = vec![0; (end - start) as usize];
+        file.read_exact_at(&mut old, start).ok()?;
+        is_quota_part(&old).then_some(StampedPart {
+            file,
+            stat,
+            start,
+            end,
+        })
     }
-    with_temp_file_unless_declined(path, |mut dst| {
-        let mut from = &src;
-        std::io::copy(&mut from.take(start), &mut dst)?;
-        dst.write_all(replacement)?;
-        from.seek(SeekFrom::Start(end))?;
-        std::io::copy(&mut from, &mut dst)?;
-        Ok(stamped(&src).then_some(dst))
-    })
+
+    fn still_stamped(&self) -> bool {
+        self.file
+            .metadata()
+            .is_ok_and(|m| stamp_of(&m) == self.stat)
+    }
+
+    /// Replaces `path` with a copy of this file whose quota part is `replacement`, unless the
+    /// file changed while it was copied (`None`, `path` left alone). The unchanged bytes are
+    /// copied by the kernel (`std::io::copy` between files is `copy_file_range`), not read into
+    /// this process: the todo lines of a large goal are most of `state.json`.
+    fn replace(&self, path: &Path, replacement: &[u8]) -> Result<Option<std::fs::Metadata>> {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        with_temp_file_unless_declined(path, |mut dst| {
+            let mut from = &self.file;
+            from.seek(SeekFrom::Start(0))?;
+            std::io::copy(&mut from.take(self.start), &mut dst)?;
+            dst.write_all(replacement)?;
+            from.seek(SeekFrom::Start(self.end))?;
+            std::io::copy(&mut from, &mut dst)?;
+            Ok(self.still_stamped().then_some(dst))
+        })
+    }
+}
+
+/// More than any quota part this module writes: a stamp that places one larger is not ours.
+const MAX_QUOTA_PART: u64 = 4096;
+
+/// `state.json` from its quota fields to its end, as [`write_quota_tail`] writes it.
+fn is_json_quota_tail(part: &[u8]) -> bool {
+    part.starts_with(b"  \"quota_as_of\": ")
+        && part.ends_with(b"}\n}\n")
+        && part.iter().filter(|&&b| b == b'\n').count() == 3
+}
+
+/// `STATE.md`'s quota section, as [`quota_markdown`] writes it: one heading, one line.
+fn is_md_quota_section(part: &[u8]) -> bool {
+    part.starts_with(b"## Quota\n\n")
+        && part.ends_with(b".\n\n")
+        && part.iter().filter(|&&b| b == b'\n').count() == 4
 }
 
 impl Kernel {
@@ -153,20 +202,30 @@ impl Kernel {
             .map_err(|e| crate::error::LoopxError::internal("rendering the quota", e))?;
         let mut section = String::new();
         quota_markdown(&mut section, &quota, now);
-        let Some(json_meta) =
-            splice_file(&json_path, &stamp.json, stamp.json_quota_at, None, &tail)?
-        else {
+        // Both files are checked before either is replaced.
+        let (Some(json), Some(md)) = (
+            StampedPart::open(
+                &json_path,
+                &stamp.json,
+                stamp.json_quota_at,
+                None,
+                is_json_quota_tail,
+            ),
+            StampedPart::open(
+                &md_path,
+                &stamp.md,
+                stamp.md_quota.start,
+                Some(stamp.md_quota.end),
+                is_md_quota_section,
+            ),
+        ) else {
             return Ok(false);
         };
-        // Should STATE.md have changed under us, the full render that follows rewrites both.
-        let Some(md_meta) = splice_file(
-            &md_path,
-            &stamp.md,
-            stamp.md_quota.start,
-            Some(stamp.md_quota.end),
-            section.as_bytes(),
-        )?
-        else {
+        let Some(json_meta) = json.replace(&json_path, &tail)? else {
+            return Ok(false);
+        };
+        // Should STATE.md change under us now, the full render that follows rewrites both.
+        let Some(md_meta) = md.replace(&md_path, section.as_bytes())? else {
             return Ok(false);
         };
         StateStamp {
