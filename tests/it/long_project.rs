@@ -99,26 +99,41 @@ fn state_files_untimed(p: &Project) -> (Value, String) {
     (json, md)
 }
 
+/// `quota spend-slot` on goal `g` as agent `a1`, with `extra` arguments.
+fn spend(p: &Project, extra: &[&str]) {
+    let mut args = vec!["quota", "spend-slot", "--goal-id", "g", "--agent-id", "a1"];
+    args.extend_from_slice(extra);
+    p.ok(&args);
+}
+
+/// Whether the state files were last rendered in full (a full render dates the quota with the
+/// render; a rewrite of the quota parts alone leaves the render's `generated_at`).
+fn rendered_in_full(p: &Project) -> bool {
+    let v: Value = serde_json::from_str(&state_json_text(p)).unwrap();
+    v["generated_at"] == v["quota_as_of"]
+}
+
+/// A project with todos `t1`..`t5` on goal `g` and its state files just rendered, as the tick
+/// leaves them before its spend.
+fn rendered_project() -> Project {
+    let p = project();
+    for i in 1..=5 {
+        p.add_todo("g", &format!("work {i}"), &["--id", &format!("t{i}")]);
+    }
+    p.ok(&["refresh-state", "--goal-id", "g", "--agent-id", "a1"]);
+    // The quota's time must differ from the render's for the tests to tell them apart.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    p
+}
+
 /// A spend right after a render rewrites only the quota parts of the state files (the render's
 /// `generated_at` stays, the quota carries its own time), and the files are then exactly what a
 /// full render of the database shows.
 #[test]
 fn a_spend_after_a_render_rewrites_only_the_quota_and_matches_a_full_render() {
-    let p = project();
-    for i in 0..5 {
-        p.ok(&[
-            "todo",
-            "add",
-            "--goal-id",
-            "g",
-            "--title",
-            &format!("work {i}"),
-        ]);
-    }
-    p.ok(&["refresh-state", "--goal-id", "g", "--agent-id", "a1"]);
+    let p = rendered_project();
     let (json_before, md_before) = (state_json_text(&p), state_md(&p));
-    std::thread::sleep(std::time::Duration::from_millis(5));
-    p.ok(&["quota", "spend-slot", "--goal-id", "g", "--agent-id", "a1"]);
+    spend(&p, &[]);
     let (json_after, md_after) = (state_json_text(&p), state_md(&p));
 
     let tail = json_before.find("  \"quota_as_of\"").unwrap();
@@ -129,10 +144,7 @@ fn a_spend_after_a_render_rewrites_only_the_quota_and_matches_a_full_render() {
     );
     let v: Value = serde_json::from_str(&json_after).unwrap();
     assert_eq!(v["quota"]["spent_slots"], 1);
-    assert_ne!(
-        v["generated_at"], v["quota_as_of"],
-        "the render's time stays"
-    );
+    assert!(!rendered_in_full(&p), "the render's time stays");
     let section = |md: &str| {
         let start = md.find("## Quota").unwrap();
         let end = start + md[start..].find("\n\n## ").unwrap_or(md.len() - start);
@@ -148,8 +160,7 @@ fn a_spend_after_a_render_rewrites_only_the_quota_and_matches_a_full_render() {
         spliced,
         "a full render shows the same"
     );
-    let v: Value = serde_json::from_str(&state_json_text(&p)).unwrap();
-    assert_eq!(v["generated_at"], v["quota_as_of"]);
+    assert!(rendered_in_full(&p));
 }
 
 /// When anything else committed since the render (a claim), or a file is no longer the one
@@ -157,55 +168,16 @@ fn a_spend_after_a_render_rewrites_only_the_quota_and_matches_a_full_render() {
 /// in.
 #[test]
 fn a_spend_renders_in_full_after_another_commit_or_an_edited_file() {
-    let p = project();
-    p.ok(&[
-        "todo",
-        "add",
-        "--goal-id",
-        "g",
-        "--title",
-        "work",
-        "--id",
-        "t1",
-    ]);
-    p.ok(&["refresh-state", "--goal-id", "g", "--agent-id", "a1"]);
-    p.ok(&[
-        "todo",
-        "claim",
-        "--goal-id",
-        "g",
-        "--todo-id",
-        "t1",
-        "--agent-id",
-        "a1",
-    ]);
-    p.ok(&[
-        "quota",
-        "spend-slot",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a1",
-        "--effect-id",
-        "e1",
-    ]);
+    let p = rendered_project();
+    p.ok(&Project::todo_args("claim", "g", "t1", "a1", &[]));
+    spend(&p, &["--effect-id", "e1"]);
     assert!(state_md(&p).contains("claimed by a1"), "{}", state_md(&p));
-    let v: Value = serde_json::from_str(&state_json_text(&p)).unwrap();
-    assert_eq!(v["generated_at"], v["quota_as_of"], "rendered in full");
+    assert!(rendered_in_full(&p));
 
     // Edited by hand after the render: rendered again, not patched at stale offsets.
     let md_path = p.state().join("goals/g/STATE.md");
     std::fs::write(&md_path, format!("# edited\n{}", state_md(&p))).unwrap();
-    p.ok(&[
-        "quota",
-        "spend-slot",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a1",
-        "--effect-id",
-        "e2",
-    ]);
+    spend(&p, &["--effect-id", "e2"]);
     let md = state_md(&p);
     assert!(
         !md.starts_with("# edited") && md.contains("2 of 1440 slots spent"),
@@ -217,23 +189,88 @@ fn a_spend_renders_in_full_after_another_commit_or_an_edited_file() {
 
     // A stamp that no longer parses: rendered in full as well.
     std::fs::write(p.state().join("goals/g/.state.json.stamp"), "garbage").unwrap();
-    p.ok(&[
-        "quota",
-        "spend-slot",
-        "--goal-id",
-        "g",
-        "--agent-id",
-        "a1",
-        "--effect-id",
-        "e3",
-    ]);
+    spend(&p, &["--effect-id", "e3"]);
     assert!(
         state_md(&p).contains("3 of 1440 slots spent"),
         "{}",
         state_md(&p)
     );
-    let v: Value = serde_json::from_str(&state_json_text(&p)).unwrap();
-    assert_eq!(v["generated_at"], v["quota_as_of"]);
+    assert!(rendered_in_full(&p));
+}
+
+/// A stamp that names the files as they are but places their quota parts elsewhere (stale,
+/// torn, or written by someone who can write `.loopx/`) splices nothing into the middle of the
+/// files: each placement is checked against the bytes there, and the files are rendered in full.
+#[test]
+fn a_stamp_with_wrong_offsets_renders_in_full_instead_of_splicing() {
+    let stamp_path = |p: &Project| p.state().join("goals/g/.state.json.stamp");
+    // The second line: STATE.md's stat (72 characters), then seq, the JSON offset, and the
+    // Markdown section's start and end, each 20 digits.
+    let with_field = |stamp: &str, field: usize, value: u64| -> String {
+        let (json, rest) = stamp.split_once('\n').unwrap();
+        let mut fields: Vec<String> = rest[73..].trim_end().split(' ').map(String::from).collect();
+        fields[field] = format!("{value:020}");
+        format!("{json}\n{} {}\n", &rest[..72], fields.join(" "))
+    };
+    for (field, shift) in [(1, 7), (1, 0), (2, 3), (3, 1)] {
+        let p = rendered_project();
+        let stamp = std::fs::read_to_string(stamp_path(&p)).unwrap();
+        let fields: Vec<u64> = stamp.lines().nth(1).unwrap()[73..]
+            .split(' ')
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let moved = if shift == 0 { 0 } else { fields[field] - shift };
+        // Rewritten in place, as LoopX writes it: the files' stats still match.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(stamp_path(&p))
+            .and_then(|mut f| {
+                std::io::Write::write_all(&mut f, with_field(&stamp, field, moved).as_bytes())
+            })
+            .unwrap();
+        spend(&p, &[]);
+        assert!(rendered_in_full(&p), "field {field} moved to {moved}");
+        let md = state_md(&p);
+        assert_eq!(md.matches("## Quota").count(), 1, "{md}");
+        assert!(md.contains("1 of 1440 slots spent"), "{md}");
+        let spliced = state_files_untimed(&p);
+        p.ok(&["refresh-state"]);
+        assert_eq!(state_files_untimed(&p), spliced);
+    }
+}
+
+/// Spends from many processes at once after one render: whatever order their rewrites and
+/// renders land in, the files stay whole, and the next quota change brings them up to date with
+/// the database (a stale stamp or counter sends it to a full render).
+#[test]
+fn concurrent_spends_leave_whole_files_that_the_next_change_brings_up_to_date() {
+    let p = rendered_project();
+    std::thread::scope(|scope| {
+        for i in 0..8 {
+            let p = &p;
+            scope.spawn(move || {
+                let effect = format!("c{i}");
+                spend(p, &["--effect-id", &effect]);
+            });
+        }
+    });
+    let json: Value = serde_json::from_str(&state_json_text(&p)).unwrap();
+    let spent = json["quota"]["spent_slots"].as_i64().unwrap();
+    assert!((1..=8).contains(&spent), "{json}");
+    assert_eq!(state_md(&p).matches("## Quota").count(), 1);
+    spend(&p, &["--effect-id", "last"]);
+    let json: Value = serde_json::from_str(&state_json_text(&p)).unwrap();
+    assert_eq!(json["quota"]["spent_slots"], 9);
+    assert_eq!(
+        json["quota"],
+        quota(&p),
+        "the files show the database's quota"
+    );
+    assert!(
+        state_md(&p).contains("9 of 1440 slots spent"),
+        "{}",
+        state_md(&p)
+    );
 }
 
 /// One step of the property below.
