@@ -333,15 +333,18 @@ pub(crate) fn decide_in_tx(
     };
     let schedule = super::monitor::schedule_in_tx(tx, goal_id, now)?;
     // The earliest instant that can change this decision without a write: a monitor falling
-    // due, a lease expiring, a deferred todo resuming (docs/cli.md, `scheduler_hint`).
-    let next_event = [
-        schedule.next_due_at,
-        tx.next_lease_expiry(goal_id, now)?,
-        tx.next_deferrals(goal_id, 1)?.first().map(|d| d.until_at),
-    ]
-    .into_iter()
-    .flatten()
-    .min();
+    // due, a lease expiring, a deferred todo resuming (docs/cli.md, `scheduler_hint`). Read
+    // only when the decision is to wait for one.
+    let next_event = || -> Result<Option<i64>> {
+        Ok([
+            schedule.next_due_at,
+            tx.next_lease_expiry(goal_id, now)?,
+            tx.next_deferrals(goal_id, 1)?.first().map(|d| d.until_at),
+        ]
+        .into_iter()
+        .flatten()
+        .min())
+    };
     let seconds_until = |t: i64| ((t - now).max(0) as u64).div_ceil(1000);
     let (route, reason, action, after): (TurnRoute, String, SchedulerAction, u64) = if goal.status
         == GoalStatus::Closed
@@ -505,7 +508,7 @@ pub(crate) fn decide_in_tx(
                     "{pending} agent todos remain but none is ready for '{agent_id}' (claimed by others, blocked, deferred or waiting on dependencies)"
                 ),
                 SchedulerAction::BackoffUntilStateChange,
-                match next_event {
+                match next_event()? {
                     Some(t) if seconds_until(t) <= 300 => {
                         d.wake_at = Some(t);
                         seconds_until(t)
@@ -514,6 +517,7 @@ pub(crate) fn decide_in_tx(
                 },
             )
         } else if schedule.active > 0 {
+            let next_event = next_event()?;
             d.wake_at = next_event;
             let after = next_event.map_or(0, seconds_until);
             (

@@ -158,10 +158,13 @@ impl GoalProjection {
         let todos = RenderedTodos::read(tx, goal_id, now, finished_since, cache_lines)?;
         let counts = tx.todo_status_counts(goal_id)?;
         let mut monitors = Vec::new();
-        tx.visit_active_monitors(goal_id, &mut |m| {
-            monitors.push(m.monitor.clone());
-            Ok(true)
-        })?;
+        // Counting is a far smaller statement to prepare than listing, and most goals have none.
+        if tx.active_monitor_count(goal_id)? > 0 {
+            tx.visit_active_monitors(goal_id, &mut |m| {
+                monitors.push(m.monitor.clone());
+                Ok(true)
+            })?;
+        }
         let goal_probe = tx.goal_probe(goal_id)?;
         Ok(GoalProjection {
             seq: tx.commit_seq()?,
