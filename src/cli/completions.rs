@@ -18,7 +18,7 @@ pub fn run(args: CompletionsArgs) -> Result<Output> {
     let mut cmd = super::Cli::command();
     let mut script = Vec::new();
     // `generate` builds the whole tree (every deferred group included) before writing.
-    clap_complete::generate(args.shell, &mut cmd, "loopx", &mut script);
+    clap_complete::generate(args.shell, &mut cmd, super::BIN_NAME, &mut script);
     let script = String::from_utf8(script).expect("clap writes completions as UTF-8");
     Ok(Output::new(json!({"shell": args.shell.to_string(), "script": script})).verbatim(script))
 }

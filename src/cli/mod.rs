@@ -20,6 +20,7 @@ mod loop_cmd;
 mod man;
 mod next_action;
 pub mod output;
+mod parse;
 mod probe;
 mod project_prompt;
 mod provider;
@@ -46,9 +47,12 @@ use crate::paths::ProjectPaths;
 use crate::turn::channel::TurnIdentity;
 use output::{Format, Output};
 
+/// The executable's name, as clap shows it in usage lines and help.
+pub(crate) const BIN_NAME: &str = "loopx";
+
 #[derive(Debug, Parser)]
 #[command(
-    name = "loopx",
+    name = BIN_NAME,
     version,
     about = "The control plane for long-running AI agent work"
 )]
@@ -435,23 +439,6 @@ pub fn exec_wasm_host(_ctx: &Context, _command: Command) -> Result<Output> {
     )))
 }
 
-/// The process arguments as a [`Cli`], as `Cli::try_parse` gives them, except that the command
-/// tree clap built to parse them is left for the exit to release, as the store is: freeing its
-/// thousands of small allocations cost more than half of parsing (docs/benchmarks.md).
-fn parse_args() -> Result<Cli, clap::Error> {
-    use clap::{CommandFactory, FromArgMatches};
-    let mut command = Cli::command();
-    let parsed = command
-        .try_get_matches_from_mut(std::env::args_os())
-        .and_then(|mut matches| {
-            let cli = Cli::from_arg_matches_mut(&mut matches);
-            std::mem::forget(matches);
-            cli.map_err(|e| e.format(&mut Cli::command()))
-        });
-    std::mem::forget(command);
-    parsed
-}
-
 /// Runs the CLI with the process arguments and returns the exit code, which the caller, a
 /// binary's `main`, exits with at once (the store is left for the exit to release:
 /// [`Context::release_at_exit`]).
@@ -460,7 +447,7 @@ pub fn main(wasm: WasmDispatch) -> i32 {
         return code;
     }
     let started = std::time::Instant::now();
-    let cli = match parse_args() {
+    let cli = match parse::parse_args() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => return argument_error(&e, std::env::args_os()),
         Err(e) => {
