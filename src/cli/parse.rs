@@ -24,9 +24,9 @@ pub(super) fn parse_args() -> Result<Cli, clap::Error> {
 }
 
 /// Parses `args` with the smallest tree that parses them as the whole tree does; `release`
-/// receives the tree and the matches once they are no longer needed.
+/// receives each tree built once it is no longer needed (the matches are always forgotten).
 fn parse_from(args: Vec<OsString>, release: fn(clap::Command)) -> Result<Cli, clap::Error> {
-    let mut command = tree_for(&args);
+    let mut command = tree_for(&args, release);
     let parsed = command
         .try_get_matches_from_mut(args)
         .and_then(|mut matches| {
@@ -38,8 +38,9 @@ fn parse_from(args: Vec<OsString>, release: fn(clap::Command)) -> Result<Cli, cl
     parsed
 }
 
-/// The whole tree, pruned to the top-level subcommand `args` invoke when they name one.
-fn tree_for(args: &[OsString]) -> clap::Command {
+/// The whole tree, pruned to the top-level subcommand `args` invoke when they name one (the
+/// whole tree then goes to `release`).
+fn tree_for(args: &[OsString], release: fn(clap::Command)) -> clap::Command {
     let whole = Cli::command();
     let Some(invoked) = invoked_subcommand(&whole, args)
         .and_then(|name| whole.find_subcommand(name))
@@ -49,10 +50,12 @@ fn tree_for(args: &[OsString]) -> clap::Command {
     };
     // The top level's own `--help` and `--version` never reach here (`invoked_subcommand`), so
     // its name, flags and groups are all of it that parsing the subcommand can see.
-    clap::Command::new(BIN_NAME)
+    let pruned = clap::Command::new(BIN_NAME)
         .args(whole.get_arguments().cloned())
         .groups(whole.get_groups().cloned())
-        .subcommand(invoked)
+        .subcommand(invoked);
+    release(whole);
+    pruned
 }
 
 /// The first word of `args` (after the program name) that is not a top-level flag or its value,
