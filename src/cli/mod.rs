@@ -696,6 +696,30 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// clap makes a flattened argument struct's doc comment the description of the command that
+    /// flattens it, so the structs several commands share carry plain comments only.
+    #[test]
+    fn shared_argument_structs_describe_no_command() {
+        use clap::Args;
+        for (name, cmd) in [
+            (
+                "AgentProof",
+                todo::AgentProof::augment_args(clap::Command::new("c")),
+            ),
+            (
+                "ScheduleArgs",
+                todo::ScheduleArgs::augment_args(clap::Command::new("c")),
+            ),
+            (
+                "TurnArgs",
+                turn::TurnArgs::augment_args(clap::Command::new("c")),
+            ),
+        ] {
+            assert_eq!(cmd.get_about(), None, "{name} has a doc comment");
+            assert_eq!(cmd.get_long_about(), None, "{name} has a doc comment");
+        }
+    }
+
     #[test]
     fn a_command_group_parses_into_its_command() {
         let cli = Cli::try_parse_from(["loopx", "quota", "should-run", "--goal-id", "g"]).unwrap();

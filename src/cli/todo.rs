@@ -472,8 +472,9 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
     }
 }
 
-/// The schedule flags of `todo add` (a monitor's) and `todo update` (a monitor's, or `--until` of
-/// a deferred todo). Plain comment: clap would show a doc comment as the commands' description.
+// The schedule flags of `todo add` (a monitor's) and `todo update` (a monitor's, or `--until` of a
+// deferred todo). A plain comment: clap would show a doc comment here as the description of both
+// commands.
 #[derive(Debug, Args, Default)]
 pub struct ScheduleArgs {
     /// Monitors: how often the check runs, e.g. 30s, 15m, 1h, 1d (required for --kind monitor).

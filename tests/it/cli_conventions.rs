@@ -81,6 +81,41 @@ fn every_help_page_opens_with_what_the_command_does() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// Every command's description, by command path.
+fn abouts(cmd: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+    for sub in cmd.get_subcommands() {
+        if sub.get_name() == "help" {
+            continue;
+        }
+        let sub_path = format!("{path} {}", sub.get_name());
+        out.push((
+            sub_path.clone(),
+            sub.get_about().map(|a| a.to_string()).unwrap_or_default(),
+        ));
+        abouts(sub, &sub_path, out);
+    }
+}
+
+/// A doc comment on an argument struct that several commands flatten becomes the description of
+/// each of them, and their help pages then agree with that wrong description; only two commands
+/// saying the same thing shows it.
+#[test]
+fn no_two_commands_share_a_description() {
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut all = Vec::new();
+    abouts(&cmd, "loopx", &mut all);
+    let mut seen = std::collections::BTreeMap::<&str, &str>::new();
+    let mut shared = Vec::new();
+    for (path, about) in &all {
+        if let Some(first) = seen.insert(about, path) {
+            shared.push(format!("{first} and {path}: {about:?}"));
+        }
+    }
+    assert!(all.len() > 60, "walked only {} commands", all.len());
+    assert!(shared.is_empty(), "{}", shared.join("\n"));
+}
+
 #[test]
 fn loop_and_turn_run_help_start_with_what_they_do() {
     let p = support::Project::empty();
