@@ -183,6 +183,8 @@ impl SqliteStore {
                     system_errno(&self.conn),
                 )
             })?;
+        self.conn
+            .set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
         // See WAL_CHECKPOINT_FRAMES: checkpoints are explicit, never automatic or on close. The
         // hook replaces SQLite's automatic checkpoint.
         self.conn.wal_hook(Some(note_wal_frames));
@@ -248,6 +250,13 @@ impl SqliteStore {
             .map_err(|e| map_err(&self.path, "reading schema version", e))
     }
 }
+
+/// Compiled statements a connection keeps. Compiling is most of what a short command costs after
+/// opening the store, and rusqlite's default (16) is fewer than the distinct statements of
+/// `refresh-state` (about 35), so the quota reads its record and its render share were each
+/// compiled twice. Above any one command's count, every statement compiles once per process; a
+/// long-lived process (`loopx-serve`, `loop --watch`) keeps at most this many.
+const STATEMENT_CACHE_CAPACITY: usize = 64;
 
 /// Checkpoint once the WAL holds more frames than this (256 KiB of 4 KiB pages). Each CLI command
 /// is a fresh process, and the first connection of a process rebuilds the WAL index by reading
