@@ -9,6 +9,12 @@
 //! this build's. Without it the build is compared with itself: the spread of that A/A run is the
 //! resolution of the method. Each project is seeded through its own binary's CLI (`init`,
 //! `goal create`, 1,000 `todo add`), so binaries with different schema versions compare fairly.
+//!
+//! Two more variables isolate one part of a difference between builds. `LOOPX_AB_CANDIDATE` runs
+//! that binary as B instead of this build (the baseline against itself, say), and
+//! `LOOPX_AB_CANDIDATE_SQL` names a file of SQL run on B's project after seeding: the old binary on
+//! an old project given the tables and indexes a newer schema added
+//! (`benches/fixtures/schema-growth-3a17747.sql`) measures what the schema's size alone costs.
 
 mod support;
 
@@ -67,7 +73,9 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() {
-    let new = PathBuf::from(LOOPX);
+    let new = std::env::var_os("LOOPX_AB_CANDIDATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(LOOPX));
     let old = std::env::var_os("LOOPX_AB_BASELINE")
         .map(PathBuf::from)
         .unwrap_or_else(|| new.clone());
@@ -85,6 +93,13 @@ fn main() {
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     for (bin, dir) in bins.iter().zip(&dirs) {
         seed_with(bin, dir.path());
+    }
+    if let Some(sql) = std::env::var_os("LOOPX_AB_CANDIDATE_SQL") {
+        let sql = std::fs::read_to_string(&sql)
+            .unwrap_or_else(|e| panic!("reading LOOPX_AB_CANDIDATE_SQL {sql:?}: {e}"));
+        rusqlite::Connection::open(dirs[1].path().join(".loopx/loopx.db"))
+            .and_then(|db| db.execute_batch(&sql))
+            .expect("running LOOPX_AB_CANDIDATE_SQL on B's project");
     }
     // steps[binary][step] and totals[binary], one sample per tick.
     let mut steps: [[Vec<Duration>; 5]; 2] = Default::default();
