@@ -43,7 +43,11 @@ pub mod test_clock {
     /// Reads `<state>/test-clock-offset-ms`: `N` moves the clock by N ms, `@N` freezes it at N ms
     /// since the epoch (so a test can assert exact hints); absent or unreadable means no change.
     pub fn load(state: &std::path::Path) {
-        let text = std::fs::read_to_string(state.join(super::TEST_CLOCK_FILE)).unwrap_or_default();
+        let text = crate::state_file::read_bounded_text(
+            &state.join(super::TEST_CLOCK_FILE),
+            crate::state_file::MAX_RECORD_BYTES,
+        )
+        .unwrap_or_default();
         let text = text.trim();
         let (frozen, digits) = match text.strip_prefix('@') {
             Some(rest) => (true, rest),

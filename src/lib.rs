@@ -17,6 +17,7 @@ pub mod paths;
 pub mod plugin;
 pub mod registry;
 pub mod runtime;
+pub mod state_file;
 pub mod turn;
 
 pub use error::{LoopxError, Result};

@@ -35,9 +35,28 @@ impl ProjectPaths {
         ProjectPaths { project, state }
     }
 
+    /// Refuses a project directory whose path is not UTF-8 (exit 2): every path LoopX reports is
+    /// derived from it, and its JSON, Markdown and messages hold text.
+    pub fn require_text_path(&self) -> Result<()> {
+        if self.project.to_str().is_some() {
+            return Ok(());
+        }
+        Err(crate::error::bad_input(format!(
+            "the project directory {} is not valid UTF-8, and LoopX writes its path into JSON and \
+             Markdown, which hold text: rename the directory (or one above it) or move the project",
+            self.project.display()
+        )))
+    }
+
     /// Resolves the project: an explicit root (flag or `LOOPX_ROOT`) must contain `.loopx/`;
     /// otherwise search upward from `cwd`. Never creates anything.
     pub fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<ProjectPaths> {
+        let paths = ProjectPaths::find(explicit, cwd)?;
+        paths.require_text_path()?;
+        Ok(paths)
+    }
+
+    fn find(explicit: Option<&Path>, cwd: &Path) -> Result<ProjectPaths> {
         if let Some(root) = explicit {
             let paths = ProjectPaths::at(&absolutize(root, cwd));
             if paths.state.join(DB_FILE).is_file() {

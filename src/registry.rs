@@ -102,7 +102,7 @@ pub struct RegistryInspection {
 pub fn inspect_registry(path: impl AsRef<Path>) -> RegistryInspection {
     let mut problems = Vec::new();
     let mut goals = Vec::new();
-    match std::fs::read(path.as_ref()) {
+    match crate::state_file::read_bounded(path.as_ref(), crate::state_file::MAX_PROJECTION_BYTES) {
         Err(e) => problems.push(RegistryProblem::Unreadable {
             detail: e.to_string(),
         }),

@@ -17,6 +17,7 @@ use crate::kernel::doctor::backup_database;
 #[derive(Debug, clap::Args)]
 pub struct BackupArgs {
     /// The file to write: it must not exist (a backup never replaces a file).
+    #[arg(value_parser = super::flags::path)]
     pub path: PathBuf,
 }
 

@@ -30,7 +30,7 @@ pub enum CapabilityCommand {
         #[arg(long)]
         agent_id: Option<String>,
         /// Payload file handed to `propose` (`-` reads stdin).
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", value_parser = super::flags::path)]
         input: PathBuf,
         /// Check every proposal against current state, write nothing.
         #[arg(long)]

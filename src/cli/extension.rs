@@ -44,12 +44,13 @@ pub enum ExtensionCommand {
         #[arg(long, value_enum)]
         kind: KindArg,
         /// Parent directory (default: the working directory).
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", value_parser = super::flags::path)]
         dir: Option<PathBuf>,
     },
     /// Validate, audit, precompile and record the extension in DIR.
     Install {
         /// Directory holding extension.toml.
+        #[arg(value_parser = super::flags::path)]
         dir: PathBuf,
         /// Grant a declared permission: fs.read:<name>=<dir>, fs.write:<name>=<dir>, env:<VAR>.
         #[arg(long = "grant", value_name = "PERM")]
@@ -75,6 +76,7 @@ pub enum ExtensionCommand {
     /// Install a new revision of an installed extension (grants kept unless --grant is given).
     Upgrade {
         /// Directory holding the new revision's extension.toml.
+        #[arg(value_parser = super::flags::path)]
         dir: PathBuf,
         /// Grant a declared permission: fs.read:<name>=<dir>, fs.write:<name>=<dir>, env:<VAR>
         /// (default: keep the current grants).

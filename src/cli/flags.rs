@@ -136,6 +136,16 @@ pub fn probe_text(s: &str) -> Result<String, String> {
 
 /// `--capability` of `todo add` and `turn run`/`loop`: the kernel's rule
 /// ([`crate::kernel::todo::check_capability_name`]), stated without echoing the value.
+/// Every path argument. Taking `&str` makes clap refuse bytes that are not UTF-8 before this runs
+/// (exit 2, naming the argument): LoopX writes the paths it is given into JSON, Markdown and its
+/// messages, which hold text, so such a path could not be reported back.
+pub fn path(s: &str) -> Result<std::path::PathBuf, String> {
+    if s.is_empty() {
+        return Err("is empty; give a path".to_string());
+    }
+    Ok(std::path::PathBuf::from(s))
+}
+
 pub fn capability(s: &str) -> Result<String, String> {
     crate::kernel::todo::check_capability_name(s).map_err(|_| {
         "is not a capability name: use <extension>/<capability> (e.g. issue-fix/issue-fix) or builtin:default".to_string()

@@ -29,7 +29,7 @@ pub enum GoalCommand {
         #[arg(long = "success-criterion")]
         success_criteria: Vec<String>,
         /// The project directory agents work in.
-        #[arg(long)]
+        #[arg(long, value_parser = super::flags::path)]
         project: Option<std::path::PathBuf>,
     },
     /// List goals.

@@ -10,6 +10,7 @@ use crate::kernel::Kernel;
 #[derive(Debug, clap::Args)]
 pub struct InitArgs {
     /// Project directory (default: --root, LOOPX_ROOT, or the working directory).
+    #[arg(value_parser = super::flags::path)]
     pub dir: Option<std::path::PathBuf>,
 }
 

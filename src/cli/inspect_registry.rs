@@ -15,7 +15,7 @@ use crate::registry::inspect_registry;
 #[derive(Debug, clap::Args)]
 pub struct InspectRegistryArgs {
     /// The registry file (default: the project's .loopx/registry.json).
-    #[arg(value_name = "PATH")]
+    #[arg(value_name = "PATH", value_parser = super::flags::path)]
     pub path: Option<PathBuf>,
 }
 

@@ -15,7 +15,7 @@ pub struct ManArgs {
     /// Write one page per command into DIR (loopx.1, loopx-todo.1, loopx-todo-add.1, ...), created
     /// if absent; existing pages of the same names are replaced. Without it the top page goes to
     /// stdout.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = super::flags::path)]
     pub out: Option<PathBuf>,
 }
 

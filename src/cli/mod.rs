@@ -58,7 +58,7 @@ pub(crate) const BIN_NAME: &str = "loopx";
 )]
 pub struct Cli {
     /// Project directory holding `.loopx/` (default: search upward from the working directory).
-    #[arg(long, global = true, env = "LOOPX_ROOT", value_name = "DIR")]
+    #[arg(long, global = true, env = "LOOPX_ROOT", value_name = "DIR", value_parser = flags::path)]
     pub root: Option<PathBuf>,
     /// Output format.
     #[arg(long, global = true, value_enum, default_value = "text")]
@@ -694,6 +694,37 @@ mod tests {
     #[test]
     fn every_command_definition_is_valid() {
         Cli::command().debug_assert();
+    }
+
+    /// Every value the command line takes must be text: LoopX echoes values into JSON, Markdown
+    /// and messages, and a path that is not UTF-8 cannot be written there (it panicked in `json!`
+    /// before path arguments went through `flags::path`). clap's own path and OS-string parsers
+    /// are the ones that take any bytes.
+    #[test]
+    fn every_argument_refuses_bytes_that_are_not_utf8() {
+        fn takes_any_bytes(arg: &clap::Arg) -> bool {
+            let parser = format!("{:?}", arg.get_value_parser());
+            arg.get_action().takes_values()
+                && (parser == "ValueParser::path_buf" || parser == "ValueParser::os_string")
+        }
+        fn walk(cmd: &mut clap::Command, path: &str, bad: &mut Vec<String>) {
+            cmd.build();
+            let here = format!("{path} {}", cmd.get_name());
+            for arg in cmd.get_arguments().filter(|a| takes_any_bytes(a)) {
+                bad.push(format!("{here}: {}", arg.get_id()));
+            }
+            for sub in cmd.get_subcommands_mut() {
+                walk(sub, &here, bad);
+            }
+        }
+        let plain = clap::Arg::new("p").value_parser(clap::value_parser!(std::path::PathBuf));
+        assert!(takes_any_bytes(&plain), "the check sees clap's path parser");
+        let mut bad = Vec::new();
+        walk(&mut Cli::command(), "", &mut bad);
+        assert!(
+            bad.is_empty(),
+            "arguments taking bytes that are not UTF-8: {bad:#?}"
+        );
     }
 
     /// clap makes a flattened argument struct's doc comment the description of the command that

@@ -22,7 +22,7 @@ pub enum ProviderCommand {
         /// `<extension>/<provider>`.
         name: String,
         /// JSON request: {"operation": "...", "target": "...", "params": {"k": "v"}} (`-` = stdin).
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", value_parser = super::flags::path)]
         input: PathBuf,
     },
 }

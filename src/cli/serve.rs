@@ -30,7 +30,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "TOKEN", conflicts_with = "token_file")]
     pub token: Option<String>,
     /// File holding the token (its first line).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = super::flags::path)]
     pub token_file: Option<PathBuf>,
 }
 

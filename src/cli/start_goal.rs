@@ -22,7 +22,7 @@ pub struct StartGoalArgs {
     #[arg(long)]
     pub guided: bool,
     /// Project directory (initialized if it has no `.loopx/`; default: the working directory).
-    #[arg(long)]
+    #[arg(long, value_parser = super::flags::path)]
     pub project: Option<std::path::PathBuf>,
 }
 

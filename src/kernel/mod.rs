@@ -120,6 +120,7 @@ impl Kernel {
     /// "Only `init` creates a database, and never over one").
     pub fn init(project: &Path) -> Result<Option<Kernel>> {
         let paths = ProjectPaths::at(project);
+        paths.require_text_path()?;
         let db = paths.db();
         match std::fs::metadata(&db) {
             Ok(meta) if meta.len() > 0 => return Ok(None),

@@ -169,6 +169,7 @@ impl Kernel {
     /// Re-creates every projection from the database (registry, goal states, missing run
     /// reports). Writes no rows.
     pub fn reproject_all(&mut self) -> Result<usize> {
+        self.store.refuse_if_damaged()?;
         self.write_registry_projection()?;
         let goals = self.goals()?;
         let mut reports = 0;

@@ -299,7 +299,11 @@ pub fn available(state_dir: &Path) -> std::result::Result<(), String> {
             let record = state_dir.join(PROBE_FILE);
             let key = probe_key();
             if let Some(key) = &key
-                && std::fs::read_to_string(&record).is_ok_and(|text| text.trim() == key)
+                && crate::state_file::read_bounded_text(
+                    &record,
+                    crate::state_file::MAX_RECORD_BYTES,
+                )
+                .is_ok_and(|text| text.trim() == key)
             {
                 return Ok(());
             }

@@ -214,6 +214,79 @@ fn corrupt_registry_projection_exits_5_with_path_and_is_not_overwritten() {
     assert!(loopx::registry::inspect_registry(&registry).ok);
 }
 
+/// A FIFO or a device where a projection belongs is reported (exit 5), never waited on or read
+/// without end; the snapshot of the project skips it, as it is no file to hash.
+#[test]
+fn a_projection_that_is_no_regular_file_is_reported_not_waited_on() {
+    let (p, g) = seeded();
+    let registry = p.state().join("registry.json");
+    let state = p.state().join(format!("goals/{g}/state.json"));
+    let run_bounded = |args: &[&str]| {
+        let mut child = p
+            .command(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{args:?} still running after 20 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        crate::support::to_run(child.wait_with_output().unwrap())
+    };
+    for (path, how) in [
+        (&registry, "fifo"),
+        (&registry, "zero"),
+        (&state, "fifo"),
+        (&state, "zero"),
+    ] {
+        let saved = std::fs::read(path).unwrap();
+        std::fs::remove_file(path).unwrap();
+        if how == "fifo" {
+            assert!(
+                std::process::Command::new("mkfifo")
+                    .arg(path)
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        } else {
+            std::os::unix::fs::symlink("/dev/zero", path).unwrap();
+        }
+        let mut commands = vec![
+            vec!["refresh-state", "--goal-id", g.as_str()],
+            vec!["refresh-state"],
+        ];
+        if path == &registry {
+            commands.push(vec!["goal", "create", "--title", "another"]);
+        }
+        for args in commands {
+            let r = run_bounded(&args);
+            assert_eq!(r.code, 5, "{how} at {path:?}, {args:?}: {}", r.stderr);
+            assert!(r.stderr.contains("not a regular file"), "{}", r.stderr);
+        }
+        let r = run_bounded(&[
+            "--format",
+            "json",
+            "inspect_registry",
+            path.to_str().unwrap(),
+        ]);
+        assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+        assert!(
+            r.stdout.contains("not a regular file"),
+            "{how}: {}{}",
+            r.stdout,
+            r.stderr
+        );
+        std::fs::remove_file(path).unwrap();
+        std::fs::write(path, saved).unwrap();
+    }
+}
+
 #[test]
 fn corrupt_goal_state_projection_is_reported_not_overwritten() {
     let (p, g) = seeded();
@@ -266,6 +339,138 @@ fn damaged_database_exits_5_with_path_and_is_not_overwritten() {
     );
     std::fs::remove_file(&marker).unwrap();
     assert_eq!(before, p.snapshot());
+}
+
+#[test]
+fn a_damaged_database_keeps_its_wal_and_its_pages() {
+    // The WAL holds committed work a repair can still recover; the commands that find the main
+    // file damaged must neither checkpoint it into that file nor delete it.
+    let (p, g) = seeded();
+    for i in 0..20 {
+        p.add_todo(&g, &format!("more {i}"), &[]);
+    }
+    let db = p.state().join("loopx.db");
+    let wal = p.state().join("loopx.db-wal");
+    assert!(
+        std::fs::metadata(&wal).unwrap().len() > 0,
+        "the WAL holds commits"
+    );
+    let mut bytes = std::fs::read(&db).unwrap();
+    // Page 1 (the header and the schema's root) stays; every later page is garbage.
+    for b in bytes.iter_mut().skip(4096) {
+        *b = 0x5a;
+    }
+    std::fs::write(&db, &bytes).unwrap();
+    let before = p.snapshot();
+    for args in [
+        vec!["status"],
+        vec!["goal", "list"],
+        vec!["todo", "list", "--goal-id", g.as_str()],
+        vec!["refresh-state"],
+        vec!["doctor"],
+    ] {
+        let r = p.run(&args);
+        assert_eq!(r.code, 5, "{args:?}: {}", r.stderr);
+        let _ = std::fs::remove_file(p.state().join("CORRUPT"));
+        assert_eq!(before, p.snapshot(), "{args:?} changed the project");
+    }
+}
+
+#[test]
+fn re_creating_projections_refuses_while_the_damage_marker_exists() {
+    let (p, g) = seeded();
+    p.json(&["refresh-state", "--goal-id", &g]);
+    std::fs::write(p.state().join("CORRUPT"), "found damage\n").unwrap();
+    let before = p.snapshot();
+    let r = p.run(&["refresh-state"]);
+    assert_eq!(r.code, 5, "{}", r.stderr);
+    assert!(r.stderr.contains("CORRUPT"), "{}", r.stderr);
+    assert_eq!(before, p.snapshot(), "no projection was rewritten");
+}
+
+#[test]
+fn paths_that_are_not_utf8_are_refused_with_exit_2_and_change_nothing() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let (p, g) = seeded();
+    let odd = |name: &[u8]| p.path().join(OsStr::from_bytes(name));
+    let before = p.snapshot();
+    let run = |cmd: &mut std::process::Command| crate::support::to_run(cmd.output().unwrap());
+    // Path arguments: refused while parsing, before anything is created.
+    for (args, made) in [
+        (
+            vec![OsStr::new("backup"), odd(b"bk\xff.db").as_os_str()],
+            Some(odd(b"bk\xff.db")),
+        ),
+        (
+            vec![OsStr::new("init"), odd(b"in\xffit").as_os_str()],
+            Some(odd(b"in\xffit")),
+        ),
+        (
+            vec![
+                OsStr::new("man"),
+                OsStr::new("--out"),
+                odd(b"m\xff").as_os_str(),
+            ],
+            Some(odd(b"m\xff")),
+        ),
+        (
+            vec![
+                OsStr::new("--format"),
+                OsStr::new("json"),
+                OsStr::new("inspect_registry"),
+                odd(b"r\xff.json").as_os_str(),
+            ],
+            None,
+        ),
+    ] {
+        let r = run(p.command(&[]).args(&args));
+        assert_eq!(r.code, 2, "{args:?}: {}{}", r.stdout, r.stderr);
+        assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+        if let Some(path) = made {
+            assert!(!path.exists(), "{args:?} created {path:?}");
+        }
+    }
+    assert_eq!(before, p.snapshot());
+    // A project found under a directory whose name is not UTF-8: refused before it is opened, so
+    // a command that commits (refresh-state records a run) commits nothing.
+    let moved = tempfile::tempdir().unwrap();
+    let home = moved.path().join(OsStr::from_bytes(b"pro\xffject"));
+    std::fs::create_dir(&home).unwrap();
+    let copy = |from: &std::path::Path, to: &std::path::Path| {
+        assert!(
+            std::process::Command::new("cp")
+                .arg("-a")
+                .arg(from)
+                .arg(to)
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    copy(&p.state(), &home);
+    let dump = |dir: &std::path::Path| {
+        let db = rusqlite::Connection::open(dir.join(".loopx/loopx.db")).unwrap();
+        db.query_row("SELECT count(*) FROM runs", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+    };
+    let runs_before = dump(&home);
+    for args in [
+        vec!["refresh-state", "--goal-id", g.as_str()],
+        vec!["status"],
+        vec!["doctor"],
+    ] {
+        let mut cmd = p.command(&args);
+        cmd.current_dir(&home);
+        let r = run(&mut cmd);
+        assert_eq!(r.code, 2, "{args:?}: {}{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains("not valid UTF-8"), "{}", r.stderr);
+        let mut cmd = p.command(&args);
+        cmd.arg("--root").arg(&home);
+        let r = run(&mut cmd);
+        assert_eq!(r.code, 2, "--root {args:?}: {}{}", r.stdout, r.stderr);
+    }
+    assert_eq!(runs_before, dump(&home), "no run was recorded");
 }
 
 #[test]

@@ -11,7 +11,8 @@ use crate::error::{LoopxError, NextAction, Result, msg};
 
 /// Fails with exit 5 when `path` exists, is not empty, and is not valid JSON.
 pub fn check_json_projection(path: &Path) -> Result<()> {
-    match std::fs::read(path) {
+    use crate::state_file::{MAX_PROJECTION_BYTES, read_bounded};
+    match read_bounded(path, MAX_PROJECTION_BYTES) {
         Ok(bytes) if bytes.is_empty() => Ok(()),
         Ok(bytes) => serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).map(|_| ()).map_err(|e| LoopxError::Corrupt {
             path: path.to_path_buf(),
@@ -22,6 +23,21 @@ pub fn check_json_projection(path: &Path) -> Result<()> {
             ],
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::FileTooLarge
+            ) =>
+        {
+            Err(LoopxError::Corrupt {
+                path: path.to_path_buf(),
+                detail: msg![
+                    format!("{e}, so it is no projection LoopX wrote; it was left untouched. Move it aside and run "),
+                    NextAction::Reproject,
+                    " to re-create it from the database"
+                ],
+            })
+        }
         Err(e) => Err(LoopxError::internal(format!("reading {}", path.display()), e)),
     }
 }
@@ -30,8 +46,9 @@ pub fn check_json_projection(path: &Path) -> Result<()> {
 /// that still matches the stamp of LoopX's own last write is accepted from one `stat`.
 pub(crate) fn check_before_overwrite(path: &Path) -> Result<()> {
     match std::fs::metadata(path) {
-        Ok(meta) if meta.len() == 0 => Ok(()),
-        Ok(meta) if stamp_matches(read_stamp(path).as_deref(), &meta) => Ok(()),
+        // A FIFO or a device also has length 0: only a regular file is an empty projection.
+        Ok(meta) if meta.is_file() && meta.len() == 0 => Ok(()),
+        Ok(meta) if meta.is_file() && stamp_matches(read_stamp(path).as_deref(), &meta) => Ok(()),
         _ => check_json_projection(path),
     }
 }
@@ -56,7 +73,8 @@ pub(super) fn stamp_of(meta: &std::fs::Metadata) -> String {
 }
 
 pub(super) fn read_stamp(path: &Path) -> Option<String> {
-    std::fs::read_to_string(stamp_path(path)).ok()
+    crate::state_file::read_bounded_text(&stamp_path(path), crate::state_file::MAX_RECORD_BYTES)
+        .ok()
 }
 
 /// Whether a stamp's first line (the projection's own stat; a goal's state stamp has a second)

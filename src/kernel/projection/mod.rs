@@ -473,7 +473,7 @@ impl Kernel {
             return Err(super::unknown_run(goal_id, run_id));
         };
         let path = self.paths().run_json(goal_id, run_id);
-        match std::fs::read(&path) {
+        match crate::state_file::read_bounded(&path, crate::state_file::MAX_PROJECTION_BYTES) {
             Ok(bytes) if !bytes.is_empty() => {
                 let value = serde_json::from_slice(&bytes).map_err(|e| {
                     crate::error::LoopxError::Corrupt {

@@ -106,7 +106,7 @@ impl<'a> StampedPart<'a> {
         is_quota_part: fn(&[u8]) -> bool,
     ) -> Option<StampedPart<'a>> {
         use std::os::unix::fs::FileExt;
-        let file = std::fs::File::open(path).ok()?;
+        let file = crate::state_file::open_regular(path).ok()?;
         let meta = file.metadata().ok()?;
         if stamp_of(&meta) != stat {
             return None;

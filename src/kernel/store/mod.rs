@@ -151,8 +151,13 @@ pub trait Store: Send {
     /// A consistent read snapshot. Never writes, never takes the write lock. Taken through
     /// `&self`: a snapshot opened while another is open on the same handle reads inside it.
     fn begin_read(&self) -> Result<Box<dyn StoreRead + '_>>;
-    /// A write transaction holding the store's write lock from the start.
+    /// A write transaction holding the store's write lock from the start. Refused, like
+    /// [`Store::refuse_if_damaged`], once the store is known to be damaged.
     fn begin_write(&mut self) -> Result<Box<dyn StoreTx + '_>>;
+    /// `Err(Corrupt)` once the store has been found damaged and not yet checked healthy (SQLite:
+    /// the `.loopx/CORRUPT` marker). Whatever writes derived state without a write transaction
+    /// (re-creating every projection) asks first, so a damaged store never overwrites good files.
+    fn refuse_if_damaged(&self) -> Result<()>;
     /// Full integrity check of the storage (slow; for `doctor`). Returns the problems found.
     fn integrity_check(&self) -> Result<Vec<String>>;
     /// The content problems a storage check cannot see (for `doctor`; reads every row): values

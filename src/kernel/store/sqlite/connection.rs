@@ -170,19 +170,10 @@ impl SqliteStore {
         self.conn
             .busy_timeout(BUSY_TIMEOUT)
             .map_err(|e| map_err(&path, "setting busy timeout", e))?;
-        self.conn
-            .execute_batch(&format!(
-                "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; \
-                 PRAGMA journal_size_limit={WAL_SIZE_LIMIT}; PRAGMA mmap_size={MMAP_BYTES};"
-            ))
-            .map_err(|e| {
-                map_err_errno(
-                    &path,
-                    "configuring the connection",
-                    e,
-                    system_errno(&self.conn),
-                )
-            })?;
+        // Everything that needs no statement comes first: the first statement reads the schema,
+        // and on a damaged database that read fails and the connection is dropped. Without
+        // `NO_CKPT_ON_CLOSE` already set, that close would checkpoint the WAL into the damaged
+        // file and delete it, destroying the commits a repair could still recover.
         self.conn
             .set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
         // See WAL_CHECKPOINT_FRAMES: checkpoints are explicit, never automatic or on close. The
@@ -205,6 +196,19 @@ impl SqliteStore {
                 true,
             )
             .map_err(|e| map_err(&path, "configuring the query planner", e))?;
+        self.conn
+            .execute_batch(&format!(
+                "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; \
+                 PRAGMA journal_size_limit={WAL_SIZE_LIMIT}; PRAGMA mmap_size={MMAP_BYTES};"
+            ))
+            .map_err(|e| {
+                map_err_errno(
+                    &path,
+                    "configuring the connection",
+                    e,
+                    system_errno(&self.conn),
+                )
+            })?;
         Ok(())
     }
 

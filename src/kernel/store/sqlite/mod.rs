@@ -75,6 +75,10 @@ impl Store for SqliteStore {
         Ok(Box::new(SqliteTx::<Write>::begin(&self.conn, &self.path)?))
     }
 
+    fn refuse_if_damaged(&self) -> Result<()> {
+        refuse_if_damaged(&self.path)
+    }
+
     fn integrity_check(&self) -> Result<Vec<String>> {
         let db = Db::new(&self.conn, &self.path);
         let rows: Vec<String> = db.query_all(

@@ -1,0 +1,112 @@
+//! Reading the files LoopX keeps beside its database (projections, write stamps, records).
+//!
+//! Why this exists: `.loopx/` is a directory anyone with the project's permissions can change,
+//! and every command reads some of it before it does anything (the registry projection's check,
+//! the state files' stamps). A FIFO put where `registry.json` was made every command block in
+//! `open` forever; a symlink to `/dev/zero` made one allocate until the kernel killed it. So
+//! these reads open without blocking, accept only a regular file, and read at most a bound:
+//! anything else is an error the caller reports (a damaged projection is exit 5), never a hang.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// Opens `path` for reading if it is a regular file. `O_NONBLOCK` keeps `open` of a FIFO or a
+/// device from waiting for a writer; it changes nothing for a regular file's reads.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    Ok(file)
+}
+
+/// The whole of the regular file at `path`, refused (`FileTooLarge`) above `max` bytes.
+pub fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let file = open_regular(path)?;
+    let too_large = || {
+        io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!("{} is larger than {max} bytes", path.display()),
+        )
+    };
+    let len = file.metadata()?.len();
+    if len > max {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    // The file may grow between the `stat` and the read.
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
+
+/// [`read_bounded`] as UTF-8 text.
+pub fn read_bounded_text(path: &Path, max: u64) -> io::Result<String> {
+    String::from_utf8(read_bounded(path, max)?).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is not UTF-8 text", path.display()),
+        )
+    })
+}
+
+/// The most a JSON projection (`registry.json`, a goal's `state.json`, a run report) may hold:
+/// far above what the live window renders, far below what would exhaust memory.
+pub const MAX_PROJECTION_BYTES: u64 = 256 << 20;
+/// The most a small record (a write stamp, a probe record, the test clock) may hold.
+pub const MAX_RECORD_BYTES: u64 = 64 << 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_regular_files_within_the_bound_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"12345").unwrap();
+        assert_eq!(read_bounded(&file, 5).unwrap(), b"12345");
+        assert_eq!(
+            read_bounded(&file, 4).unwrap_err().kind(),
+            io::ErrorKind::FileTooLarge
+        );
+        assert_eq!(
+            read_bounded(dir.path(), 5).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+        // A FIFO with no writer: refused at once instead of waiting in `open`.
+        let fifo = dir.path().join("fifo");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        assert_eq!(
+            read_bounded(&fifo, 5).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+        // A device that never ends.
+        assert_eq!(
+            read_bounded(Path::new("/dev/zero"), 5).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("z")).unwrap();
+        assert_eq!(
+            read_bounded(&dir.path().join("z"), 5).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+    }
+}
