@@ -15,18 +15,23 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use loopx::cli::serve::{api_read, error_json, run_report};
-use loopx::error::LoopxError;
+use loopx::error::{LoopxError, bad_input, refused};
 use loopx::kernel::watch::ChangeWatcher;
 use loopx::paths::ProjectPaths;
+use loopx::plugin::manifest::is_extension_id;
 use serde::Deserialize;
 use tokio::sync::broadcast;
+
+mod connections;
+pub use connections::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, serve_until};
 
 /// The page, its script and its style, compiled in: no build step, nothing fetched at run time.
 const INDEX_HTML: &str = include_str!("../assets/index.html");
@@ -145,15 +150,72 @@ pub fn watch_changes(
     }
 }
 
-/// Refuses requests for another host (DNS rebinding) or without the token, and puts the
-/// security headers on every response, refusals included.
+/// Refuses requests for another host (DNS rebinding) or without the token, answers every API
+/// error as the JSON envelope, and puts the security headers on every response, refusals
+/// included.
 async fn guard(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let api = request.uri().path().starts_with("/api/");
     let mut response = match refusal(&state.config, &request) {
         Some(refused) => refused,
         None => next.run(request).await,
     };
+    if api {
+        response = as_envelope(response).await;
+    }
     secure_headers(response.headers_mut());
     response
+}
+
+/// The longest error text [`as_envelope`] reads: the router's and the extractors' texts are a
+/// sentence, and a body longer than this is no error text of theirs.
+const ERROR_TEXT_LIMIT: usize = 16 * 1024;
+
+/// An API error that is not the JSON envelope yet (a refusal, the router's 404 and 405, an
+/// extractor's rejection) becomes one, with its text as the message and its status and headers
+/// kept: a script (and the OpenAPI document) reads every API error in one shape.
+async fn as_envelope(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, ERROR_TEXT_LIMIT)
+        .await
+        .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_string())
+        .unwrap_or_default();
+    let err = error_of(status, text);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, Body::from(error_json(&err)))
+}
+
+/// The kind of failure an HTTP error status reports, with `text` (or, for the router's answers
+/// that have none, a sentence of our own) as its message.
+fn error_of(status: StatusCode, text: String) -> LoopxError {
+    let text = match (text.is_empty(), status) {
+        (false, _) => text,
+        (true, StatusCode::METHOD_NOT_ALLOWED) => {
+            "the dashboard's API only reads: use GET (or HEAD)".to_string()
+        }
+        (true, _) => format!("the request failed: {status}"),
+    };
+    match status {
+        StatusCode::NOT_FOUND => loopx::error::not_found(text),
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::MISDIRECTED_REQUEST => {
+            refused(text)
+        }
+        s if s.is_server_error() => {
+            LoopxError::internal(text, std::io::Error::other(s.to_string()))
+        }
+        _ => bad_input(text),
+    }
 }
 
 /// The answer to a request that may not go on: another host, or a missing or wrong token (or
@@ -176,7 +238,7 @@ fn refusal(config: &Config, request: &Request) -> Option<Response> {
         // The token moves from the address into a cookie, and out of the address bar.
         let mut response = (
             StatusCode::SEE_OTHER,
-            [(header::LOCATION, request.uri().path().to_string())],
+            [(header::LOCATION, without_token(request.uri()))],
         )
             .into_response();
         let cookie = format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
@@ -188,6 +250,25 @@ fn refusal(config: &Config, request: &Request) -> Option<Response> {
     match request_token(request.headers()) {
         Some(t) if same_secret(t.as_bytes(), token.as_bytes()) => None,
         _ => Some(unauthorized()),
+    }
+}
+
+/// Where the `?token=` redirect sends the browser: the same path and query, without `token`.
+/// The path keeps exactly one leading `/`: a `Location` of `//evil.example/x` or `/\evil.example`
+/// is another site's address to a browser. The rest is copied as the request spelled it, so its
+/// percent-encoding stays as it was.
+fn without_token(uri: &Uri) -> String {
+    let path = uri.path().trim_start_matches(['/', '\\']);
+    let kept: Vec<&str> = uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty() && pair.split('=').next() != Some("token"))
+        .collect();
+    if kept.is_empty() {
+        format!("/{path}")
+    } else {
+        format!("/{path}?{}", kept.join("&"))
     }
 }
 
@@ -374,18 +455,19 @@ async fn read(state: Shared, args: Vec<String>) -> Response {
 fn json_answer(result: Result<loopx::error::Result<String>, tokio::task::JoinError>) -> Response {
     match result {
         Ok(Ok(body)) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Ok(Err(err)) => (
-            error_status(&err),
-            [(header::CONTENT_TYPE, "application/json")],
-            error_json(&err),
-        )
-            .into_response(),
-        Err(_) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the request's worker stopped\n",
-        )
-            .into_response(),
+        Ok(Err(err)) => error_answer(&err),
+        Err(join) => error_answer(&LoopxError::internal("the request's worker stopped", join)),
     }
+}
+
+/// The JSON envelope of `err`, with its status.
+fn error_answer(err: &LoopxError) -> Response {
+    (
+        error_status(err),
+        [(header::CONTENT_TYPE, "application/json")],
+        error_json(err),
+    )
+        .into_response()
 }
 
 /// The HTTP status of each kind of failure.
@@ -535,8 +617,21 @@ async fn extension_list(State(s): State<Shared>) -> Response {
     read(s, argv(&["extension", "list"])).await
 }
 
+/// The id is the CLI's positional argument, not a `--flag=value`: it is checked as a manifest's
+/// name is, so an id no extension can have is a 400 like every other id's, and it comes after
+/// `--`, so even a check that let `--help` through would not make it a flag.
 async fn extension_show(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    read(s, vec!["extension".into(), "inspect".into(), id]).await
+    if !is_extension_id(&id) {
+        return error_answer(&bad_input(format!(
+            "invalid extension id '{id}': use letters, digits, '.', '_' or '-', starting with a \
+             letter or digit, as `extension list` shows it"
+        )));
+    }
+    read(
+        s,
+        vec!["extension".into(), "inspect".into(), "--".into(), id],
+    )
+    .await
 }
 
 /// One `change` event per commit noticed, after a `ready` event; a page that missed events
@@ -564,15 +659,37 @@ async fn events(State(s): State<Shared>) -> Response {
         .into_response()
 }
 
+/// The most of `--token-file` read: a token is one short line, and the file may be a pipe
+/// (`<(pass show ...)`), so it is bounded by bytes rather than checked as a regular file.
+const TOKEN_FILE_LIMIT: u64 = 4096;
+
 /// Reads the token given by `--token` or the first line of `--token-file`.
 pub fn load_token(token: Option<String>, file: Option<PathBuf>) -> std::io::Result<Option<String>> {
+    use std::io::Read;
     match (token, file) {
         (Some(t), _) => Ok(Some(t)),
         (None, Some(f)) => {
-            let text = std::fs::read_to_string(&f)?;
-            Ok(Some(
-                text.lines().next().unwrap_or_default().trim().to_string(),
-            ))
+            let mut bytes = Vec::new();
+            std::fs::File::open(&f)?
+                .take(TOKEN_FILE_LIMIT + 1)
+                .read_to_end(&mut bytes)?;
+            let first = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+            if bytes.len() as u64 > TOKEN_FILE_LIMIT && first.len() == bytes.len() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: no line break in its first {TOKEN_FILE_LIMIT} bytes: a token is one short line",
+                        f.display()
+                    ),
+                ));
+            }
+            let line = std::str::from_utf8(first).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{}: the token's line is not UTF-8 text", f.display()),
+                )
+            })?;
+            Ok(Some(line.trim().to_string()))
         }
         (None, None) => Ok(None),
     }

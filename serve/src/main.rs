@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use loopx::paths::ProjectPaths;
-use loopx_serve::{Config, check_config, load_token, router, watch_changes};
+use loopx_serve::{Config, check_config, load_token, router, serve_until, watch_changes};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,11 +57,12 @@ fn serve(args: Args) -> Result<(), (u8, String)> {
             .as_deref()
             .unwrap_or(std::path::Path::new(""))
             .display();
-        // Exit codes as `loopx` uses them: 3 for a file that is not there, 6 for one unreadable.
-        let code = if e.kind() == std::io::ErrorKind::NotFound {
-            3
-        } else {
-            6
+        // Exit codes as `loopx` uses them: 3 for a file that is not there, 2 for one that holds
+        // no token line, 6 for one unreadable.
+        let code = match e.kind() {
+            std::io::ErrorKind::NotFound => 3,
+            std::io::ErrorKind::InvalidData => 2,
+            _ => 6,
         };
         (
             code,
@@ -114,11 +115,11 @@ fn serve(args: Args) -> Result<(), (u8, String)> {
         );
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
-            .map_err(|e| (6, format!("serving: {e}")))
+        // Not `axum::serve`: it waits for a request's headers forever (see `serve_until`).
+        serve_until(listener, app, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await;
+        Ok(())
     })
 }

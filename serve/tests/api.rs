@@ -586,3 +586,169 @@ fn a_non_loopback_address_needs_a_token_and_a_token_is_never_empty() {
     assert_eq!(check_config("127.0.0.1:0".parse().unwrap(), None), Ok(()));
     assert_eq!(check_config("[::1]:0".parse().unwrap(), None), Ok(()));
 }
+
+#[tokio::test]
+async fn the_token_redirect_stays_on_this_site_and_keeps_the_rest_of_the_query() {
+    let (_dir, paths, _) = seed();
+    let app = app(&paths, "0.0.0.0:7878", Some("s3cret-token"));
+    for (uri, location) in [
+        // A Location of `//host` or `/\host` is another site's address to a browser.
+        ("//evil.example/x?token=s3cret-token", "/evil.example/x"),
+        ("/\\evil.example?token=s3cret-token", "/evil.example"),
+        ("/\\/\\//evil.example?token=s3cret-token", "/evil.example"),
+        (
+            "/api/v1/turns?goal_id=g&token=s3cret-token&status=in%20progress",
+            "/api/v1/turns?goal_id=g&status=in%20progress",
+        ),
+        ("/?token=s3cret-token&token=s3cret-token", "/"),
+        ("/a%2F%2Fb?x=%26&token=s3cret-token", "/a%2F%2Fb?x=%26"),
+    ] {
+        let request = Request::builder()
+            .uri(uri)
+            .header(header::HOST, "192.0.2.7:7878")
+            .body(Body::empty())
+            .unwrap();
+        let (status, headers, _) = send(&app, request).await;
+        assert_eq!(status, StatusCode::SEE_OTHER, "{uri}");
+        assert_eq!(headers[header::LOCATION], location, "{uri}");
+    }
+}
+
+#[tokio::test]
+async fn an_extension_id_is_checked_and_never_read_as_a_flag() {
+    let (_dir, paths, _) = seed();
+    let app = app(&paths, LISTEN, None);
+    for uri in [
+        "/api/v1/extensions/--help",
+        "/api/v1/extensions/-x",
+        "/api/v1/extensions/%00",
+        "/api/v1/extensions/.hidden",
+    ] {
+        let (status, headers, body) = send(&app, get(uri)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");
+        assert_eq!(headers[header::CONTENT_TYPE], "application/json", "{uri}");
+        check("Error", uri, &body);
+        assert!(body.contains("invalid extension id"), "{uri}: {body}");
+        assert!(!body.contains("Usage"), "{uri}: {body}");
+    }
+}
+
+/// The statuses the OpenAPI document gives for `path`'s GET, or none for a path it lacks.
+fn documented_statuses(path: &str) -> Vec<String> {
+    let doc: Value = serde_json::from_str(OPENAPI_JSON).unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    paths
+        .iter()
+        .filter(|(template, _)| route_matches(template, path))
+        .flat_map(|(_, item)| {
+            item["get"]["responses"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_api_error_is_the_json_envelope_the_document_gives() {
+    let (_dir, paths, _) = seed();
+    let open = app(&paths, LISTEN, None);
+    let guarded = app(&paths, "0.0.0.0:7878", Some("s3cret-token"));
+    let request = |method: Method, uri: &str, host: &str| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let cases = [
+        (
+            &open,
+            request(Method::GET, "/api/v1/nope", LISTEN),
+            404,
+            "not_found",
+        ),
+        (
+            &open,
+            request(Method::GET, "/api/v1/goals/%FF", LISTEN),
+            400,
+            "bad_input",
+        ),
+        (
+            &open,
+            request(
+                Method::GET,
+                "/api/v1/goals/g/history?limit=1&limit=2",
+                LISTEN,
+            ),
+            400,
+            "bad_input",
+        ),
+        (
+            &open,
+            request(Method::POST, "/api/v1/status", LISTEN),
+            405,
+            "bad_input",
+        ),
+        (
+            &open,
+            request(Method::GET, "/api/v1/status", "evil.example:7878"),
+            421,
+            "refused",
+        ),
+        (
+            &guarded,
+            request(Method::GET, "/api/v1/goals", "192.0.2.7:7878"),
+            401,
+            "refused",
+        ),
+    ];
+    for (app, request, status, kind) in cases {
+        let uri = request.uri().clone();
+        let (got, headers, body) = send(app, request).await;
+        assert_eq!(got.as_u16(), status, "{uri}: {body}");
+        assert_eq!(headers[header::CONTENT_TYPE], "application/json", "{uri}");
+        assert_eq!(
+            headers[header::CONTENT_SECURITY_POLICY],
+            CONTENT_SECURITY_POLICY
+        );
+        check("Error", &uri.to_string(), &body);
+        let value: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(value["error"]["kind"], kind, "{uri}: {body}");
+        assert!(
+            value["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+        // The router's own headers stay: what to send instead.
+        match status {
+            405 => assert!(headers.contains_key(header::ALLOW), "{uri}"),
+            401 => assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer"),
+            _ => {}
+        }
+        let documented = documented_statuses(uri.path());
+        assert!(
+            uri.path() == "/api/v1/nope" || documented.contains(&status.to_string()),
+            "{uri}: {status} is not in the document's {documented:?}"
+        );
+    }
+    // Every route documents the refusals and the other methods' answer.
+    let doc: Value = serde_json::from_str(OPENAPI_JSON).unwrap();
+    for (path, _) in doc["paths"].as_object().unwrap() {
+        let documented = documented_statuses(path);
+        for status in ["401", "405", "421"] {
+            assert!(documented.iter().any(|s| s == status), "{path}: {status}");
+        }
+    }
+    // A page is no API: its 404 stays text.
+    let (status, headers, _) = send(&open, get("/nothing")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+}

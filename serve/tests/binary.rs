@@ -89,6 +89,15 @@ fn a_non_loopback_address_without_a_token_is_refused_with_exit_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-token"));
+    // A file without end is read only as far as a token line could go.
+    let out = Command::new(server_bin())
+        .arg("--root")
+        .arg(dir.path())
+        .args(["--listen", "0.0.0.0:0", "--token-file", "/dev/zero"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no line break"));
     let out = Command::new(server_bin())
         .arg("--root")
         .arg(dir.path())
@@ -173,4 +182,113 @@ fn loopx_serve_without_its_executable_beside_it_names_the_fix() {
         err.contains("loopx-serve") && err.contains("cargo build"),
         "{err}"
     );
+}
+
+/// Reads `stream` until the server closes it, for at most `limit`; what it sent, or a panic
+/// naming `what` if it is still open.
+fn read_until_closed(stream: &mut TcpStream, limit: Duration, what: &str) -> String {
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("{what}: still open after {limit:?} ({e})"),
+        }
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[test]
+fn a_client_that_never_finishes_a_request_is_disconnected_and_others_are_served() {
+    let dir = project();
+    let server = start(dir.path(), &[]);
+    let host = server.1.clone();
+    let started = Instant::now();
+    let mut partial = TcpStream::connect(&host).unwrap();
+    partial.write_all(b"GET / HTTP/1.1\r\nX-a: ").unwrap();
+    let mut silent = TcpStream::connect(&host).unwrap();
+    // A kept-alive connection left idle after one answer.
+    let mut idle = TcpStream::connect(&host).unwrap();
+    write!(idle, "GET /api/v1/status HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+    // An event stream is a response being written: no header clock runs while it lasts.
+    let mut events = TcpStream::connect(&host).unwrap();
+    write!(
+        events,
+        "GET /api/v1/events HTTP/1.1\r\nHost: {host}\r\n\r\n"
+    )
+    .unwrap();
+    // While they wait, a whole request is answered.
+    let mut normal = TcpStream::connect(&host).unwrap();
+    write!(
+        normal,
+        "GET /api/v1/goals HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let answer = read_until_closed(&mut normal, Duration::from_secs(20), "normal");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    let limit = Duration::from_secs(20);
+    assert_eq!(read_until_closed(&mut partial, limit, "partial header"), "");
+    assert_eq!(read_until_closed(&mut silent, limit, "silent"), "");
+    let answered = read_until_closed(&mut idle, limit, "idle keep-alive");
+    assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+    // The header clock (5 s) closed them, not the reads' own limit.
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // The event stream outlived the header clock and still carries changes.
+    events
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut kernel = Kernel::open(loopx::paths::ProjectPaths::at(dir.path())).unwrap();
+    kernel
+        .create_goal(
+            &Actor::Operator,
+            NewGoal {
+                id: Some("late".into()),
+                title: "Late".into(),
+                ..NewGoal::default()
+            },
+        )
+        .unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !seen.contains("event: change") && Instant::now() < deadline {
+        let n = events.read(&mut buf).unwrap();
+        assert!(n > 0, "the event stream ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(seen.contains("event: change"), "{seen}");
+}
+
+#[test]
+fn an_interrupt_still_stops_the_server_cleanly() {
+    let dir = project();
+    let mut server = start(dir.path(), &[]);
+    // An open connection that sent nothing does not hold the shutdown up.
+    let _quiet = TcpStream::connect(&server.1).unwrap();
+    let status = Command::new("kill")
+        .args(["-INT", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = server.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running after an interrupt"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "{exit:?}");
 }

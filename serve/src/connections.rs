@@ -1,0 +1,112 @@
+//! Accepting and serving connections, bounded so that clients who never finish a request cannot
+//! hold the server's file descriptors.
+//!
+//! `axum::serve` waits for a request's headers, and for the next request on a kept-alive
+//! connection, forever; and the token is checked only once the headers are complete. So anyone
+//! who can reach a `--listen 0.0.0.0` server could open connections, send half a header (or
+//! nothing) and exhaust the process's descriptors without a token. Here every connection must
+//! finish its headers within [`HEADER_READ_TIMEOUT`], and at most [`MAX_CONNECTIONS`] are open.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+/// How long a client has to send a request's headers. hyper starts this clock whenever it
+/// waits for a request head: when the connection opens and again after each response on a
+/// kept-alive connection (`proto/h1/conn.rs`, `poll_read_head`), so it also closes a connection
+/// left idle between requests. It never runs while a response is written, so an event stream
+/// lives as long as its page.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most connections served at once. An open page holds one for its event stream and a few
+/// for its fetches, so this is far more than operators need, and far below the usual limit of
+/// 1024 descriptors a process may hold.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets each open
+/// connection finish the response it is writing, and returns when all are closed.
+///
+/// With [`MAX_CONNECTIONS`] open the server accepts no more until one closes: the next
+/// connections wait in the kernel's listen backlog, holding no descriptor of ours, rather than
+/// being accepted and closed, which would refuse an operator's page whenever a burst (or an
+/// attacker) fills the slots for the few seconds [`HEADER_READ_TIMEOUT`] lets each one live.
+pub async fn serve_until(listener: TcpListener, app: Router, shutdown: impl Future<Output = ()>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let (stop, stopping) = watch::channel(false);
+    let mut shutdown = pin!(shutdown);
+    loop {
+        let next = async {
+            // The semaphore is never closed, so a permit always comes.
+            let slot = slots.clone().acquire_owned().await.ok()?;
+            Some((slot, accept(&listener).await))
+        };
+        let (slot, stream) = tokio::select! {
+            next = next => match next {
+                Some(accepted) => accepted,
+                None => break,
+            },
+            () = &mut shutdown => break,
+        };
+        tokio::spawn(connection(stream, app.clone(), slot, stopping.clone()));
+    }
+    drop(listener);
+    stop.send_replace(true);
+    // Each connection holds its slot until it closes: all slots back means all closed.
+    let _ = slots.acquire_many(MAX_CONNECTIONS as u32).await;
+}
+
+/// The next connection. Accepting fails for one connection (it was reset before we took it) or
+/// for the process (no descriptor left); either way the listener is still good, and a pause
+/// keeps the second kind from spinning while descriptors are short.
+async fn accept(listener: &TcpListener) -> TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => return stream,
+            Err(e) if is_connection_error(&e) => continue,
+            Err(e) => {
+                eprintln!("loopx-serve: warning: accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+fn is_connection_error(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    )
+}
+
+/// Serves one connection's requests until it closes, or until shutdown, when the response in
+/// progress (if any) is finished and the connection closed. `_slot` is given back on return.
+async fn connection(
+    stream: TcpStream,
+    app: Router,
+    _slot: OwnedSemaphorePermit,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let mut conn =
+        pin!(builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app)));
+    tokio::select! {
+        // A client that hangs up, sends garbage or runs out of time ends here: nothing to report.
+        _ = conn.as_mut() => return,
+        // An error means the sender is gone, which happens only after shutdown began.
+        _ = stopping.wait_for(|stop| *stop) => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
+}
