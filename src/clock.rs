@@ -177,15 +177,20 @@ pub fn rfc3339(ms: i64) -> String {
     Rfc3339(ms).to_string()
 }
 
+/// The last millisecond of the year 9999: the latest time RFC 3339's four-digit year can write.
+/// Inputs that would land later are refused (`model::monitor::parse_until`).
+pub const LATEST_MS: i64 = 253_402_300_799_999;
+
 /// A millisecond timestamp that displays and serializes as RFC 3339 UTC. Times before the epoch
-/// render as the epoch; the store never holds them.
+/// render as the epoch and times after [`LATEST_MS`] as it; the store holds neither, except
+/// saturated sums such as a monitor's next check after a long backoff.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rfc3339(pub i64);
 
 impl Rfc3339 {
     /// The 24 ASCII bytes of the timestamp, for writers that assemble output by hand.
     pub(crate) fn render(self) -> [u8; 24] {
-        let ms = self.0.max(0);
+        let ms = self.0.clamp(0, LATEST_MS);
         let (days, ms_of_day) = (ms / 86_400_000, ms % 86_400_000);
         let (year, month, day) = civil_from_days(days);
         let (h, m, s, milli) = (
@@ -201,7 +206,7 @@ impl Rfc3339 {
                 value /= 10;
             }
         };
-        put(0, 4, year.min(9999));
+        put(0, 4, year);
         put(5, 2, month);
         put(8, 2, day);
         put(11, 2, h);
@@ -277,6 +282,11 @@ mod tests {
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339(1_798_761_599_999), "2026-12-31T23:59:59.999Z");
         assert_eq!(rfc3339(4_107_542_400_000), "2100-03-01T00:00:00.000Z");
+        assert_eq!(rfc3339(LATEST_MS), "9999-12-31T23:59:59.999Z");
+        // Later instants (a saturated sum) show as the latest one, never as an earlier date.
+        assert_eq!(rfc3339(LATEST_MS + 1), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(i64::MAX), "9999-12-31T23:59:59.999Z");
+        assert_eq!(parse_rfc3339("9999-12-31T23:59:59.999Z"), Some(LATEST_MS));
         assert_eq!(
             serde_json::to_string(&Rfc3339(1_780_000_000_123)).unwrap(),
             "\"2026-05-28T20:26:40.123Z\""

@@ -145,8 +145,10 @@ impl LoopxError {
     }
 }
 
-/// Whether an I/O error is the machine's doing (full disk or quota, read-only filesystem,
-/// permission, a failing device) rather than LoopX's or the caller's.
+/// Whether an I/O error is the machine's doing rather than LoopX's or the caller's: a full disk
+/// or quota, a read-only filesystem, permission, a failing device, the process out of
+/// descriptors, or a path that is not the kind of file it must be (a file where a directory
+/// belongs or the reverse, a name taken, a symlink loop, a name too long).
 pub fn is_environmental(err: &std::io::Error) -> bool {
     use std::io::ErrorKind;
     if matches!(
@@ -156,11 +158,18 @@ pub fn is_environmental(err: &std::io::Error) -> bool {
             | ErrorKind::PermissionDenied
             | ErrorKind::QuotaExceeded
             | ErrorKind::FileTooLarge
+            | ErrorKind::NotADirectory
+            | ErrorKind::IsADirectory
+            | ErrorKind::AlreadyExists
+            | ErrorKind::InvalidFilename
     ) {
         return true;
     }
-    // The device itself failed or went away.
-    matches!(err.raw_os_error(), Some(libc::EIO) | Some(libc::ENXIO))
+    // The device failed or went away; the process or the system has no descriptor left.
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EIO | libc::ENXIO | libc::EMFILE | libc::ENFILE | libc::ELOOP)
+    )
 }
 
 /// The absolute path a context sentence names (`"writing /p/.loopx/registry.json"`), or an empty
@@ -412,6 +421,12 @@ mod tests {
             libc::EPERM,
             libc::EIO,
             libc::EDQUOT,
+            libc::ENOTDIR,
+            libc::EISDIR,
+            libc::EEXIST,
+            libc::ELOOP,
+            libc::ENAMETOOLONG,
+            libc::EMFILE,
         ] {
             let e = LoopxError::internal("x", std::io::Error::from_raw_os_error(errno));
             assert_eq!(e.exit_code(), 6, "errno {errno}");

@@ -56,7 +56,13 @@ pub fn run(ctx: &Context, args: HistoryArgs) -> Result<Output> {
             v
         })
         .collect();
-    Ok(Output::new(json!({"goal_id": args.goal_id, "runs": json_entries, "next_before": entries.last().map(|e| e.run.id.clone())}))
+    // A short page is the last one: no cursor, so no link to an empty page.
+    let next_before = if entries.len() == args.limit {
+        entries.last().map(|e| e.run.id.clone())
+    } else {
+        None
+    };
+    Ok(Output::new(json!({"goal_id": args.goal_id, "runs": json_entries, "next_before": next_before}))
         .heading(format!("History of {} ({} run(s))", args.goal_id, entries.len()))
         .table(&["run", "when", "class", "agent", "todo", "reward", "summary"], rows))
 }

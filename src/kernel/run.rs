@@ -213,6 +213,13 @@ impl Kernel {
         }
         self.read(|tx| {
             require_goal(tx, goal_id)?;
+            // A cursor names a run of this goal (runs are never deleted): any other id would
+            // silently page from the newest run or past the oldest.
+            if let Some(b) = before
+                && tx.run(goal_id, b)?.is_none()
+            {
+                return Err(super::unknown_run(goal_id, b));
+            }
             let runs = tx.runs(goal_id, limit.clamp(1, 1000), before)?;
             let ids: Vec<String> = runs.iter().map(|r| r.id.clone()).collect();
             let mut rewards = tx.rewards_for_runs(goal_id, &ids)?;

@@ -226,7 +226,15 @@ pub fn parse_duration_ms(text: &str) -> Result<i64> {
 pub fn parse_until(text: &str, now: i64) -> Result<i64> {
     let t = text.trim();
     if let Some(d) = t.strip_prefix('+') {
-        return Ok(now.saturating_add(parse_duration_ms(d)?));
+        let at = now.saturating_add(parse_duration_ms(d)?);
+        if at > crate::clock::LATEST_MS {
+            return Err(bad_input(format!(
+                "'+{}' lands after 9999-12-31T23:59:59Z, the latest time LoopX can write: give a \
+                 shorter duration or an RFC 3339 time",
+                crate::inert::line(d)
+            )));
+        }
+        return Ok(at);
     }
     crate::clock::parse_rfc3339(t).ok_or_else(|| {
         bad_input(format!(
@@ -239,6 +247,17 @@ pub fn parse_until(text: &str, now: i64) -> Result<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_until_past_the_year_9999_is_refused() {
+        let now = 1_796_187_600_000;
+        assert_eq!(parse_until("+1d", now).unwrap(), now + 86_400_000);
+        for far in ["+99999999999d", "+106751991d", "+106751991167d"] {
+            let err = parse_until(far, now).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{far}");
+            assert!(err.to_string().contains("9999-12-31"), "{err}");
+        }
+    }
 
     fn monitor(no_change: i64, max: i64) -> Monitor {
         Monitor {

@@ -756,3 +756,27 @@ fn backup_copies_committed_state_refuses_to_overwrite_and_restores() {
         "after the restore",
     ]);
 }
+
+/// A path that is not the kind of file it must be (a file where a directory belongs, a directory
+/// where a file belongs) is the machine's state, not a defect of LoopX: exit 6 with the path, as
+/// for a full disk, never 1 ("internal").
+#[test]
+fn a_file_where_a_directory_belongs_is_exit_6_with_the_path() {
+    let (p, g) = seeded();
+    let file = p.path().join("afile");
+    std::fs::write(&file, "x").unwrap();
+    let r = p.run(&["--format", "json", "--root", file.to_str().unwrap(), "init"]);
+    assert_eq!(r.code, 6, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("\"kind\": \"io\"") || r.stdout.contains("\"kind\":\"io\""), "{}", r.stdout);
+    assert!(r.stdout.contains("afile"), "{}", r.stdout);
+    let r = p.run(&["man", "--out", file.to_str().unwrap()]);
+    assert_eq!(r.code, 6, "{}", r.stderr);
+    // The goal's projection directory replaced by a file: re-creating the projections (no
+    // commit to report) fails with the path.
+    let goal_dir = p.state().join("goals").join(&g);
+    std::fs::rename(&goal_dir, p.path().join("moved")).unwrap();
+    std::fs::write(&goal_dir, "x").unwrap();
+    let r = p.run(&["refresh-state"]);
+    assert_eq!(r.code, 6, "{}", r.stderr);
+    assert!(r.stderr.contains(&goal_dir.display().to_string()), "{}", r.stderr);
+}

@@ -349,9 +349,20 @@ fn history_pages_newest_first_with_reward_overlays() {
         "--before",
         page["next_before"].as_str().unwrap(),
     ]);
+    assert!(older["next_before"].is_null(), "a short page is the last: {older}");
     let older = older["runs"].as_array().unwrap();
     assert_eq!(older.len(), 3);
     assert_eq!(older[1]["rewards"][0]["score"], -0.5);
+    // A cursor is a run of this goal: any other id is refused, never read as "from the newest"
+    // or "past the oldest".
+    for (cursor, code) in [
+        ("ZZZZZZZZZZZZZZZZZZZZZZZZZZ", 3),
+        ("00000000000000000000000000", 3),
+        ("no such run", 2),
+    ] {
+        let r = p.run(&["history", "--goal-id", &g, "--before", cursor]);
+        assert_eq!(r.code, code, "--before {cursor:?}: {}", r.stderr);
+    }
     // Run reports are immutable files named by run id (in the month folder of the id).
     let report = loopx::paths::ProjectPaths::at(p.path()).run_json(&g, &ids[0]);
     let v: Value = serde_json::from_slice(&std::fs::read(report).unwrap()).unwrap();
