@@ -74,9 +74,14 @@ pub fn run(ctx: &Context, cmd: GateCommand) -> Result<Output> {
             Ok(
                 Output::new(json!({"todo": todo_json(t, now_ms()), "changed": change.changed}))
                     .heading(format!(
-                        "Gate {} {}",
+                        "Gate {} {}{}",
                         t.id,
-                        if reject { "rejected" } else { "approved" }
+                        if reject { "rejected" } else { "approved" },
+                        if change.changed {
+                            ""
+                        } else {
+                            " already: nothing changed"
+                        }
                     ))
                     .fields([
                         ("status", t.status.to_string()),

@@ -62,7 +62,16 @@ pub fn run(ctx: &Context, args: HistoryArgs) -> Result<Output> {
     } else {
         None
     };
-    Ok(Output::new(json!({"goal_id": args.goal_id, "runs": json_entries, "next_before": next_before}))
-        .heading(format!("History of {} ({} run(s))", args.goal_id, entries.len()))
-        .table(&["run", "when", "class", "agent", "todo", "reward", "summary"], rows))
+    Ok(Output::new(
+        json!({"goal_id": args.goal_id, "runs": json_entries, "next_before": next_before}),
+    )
+    .heading(format!(
+        "History of {} ({} run(s))",
+        args.goal_id,
+        entries.len()
+    ))
+    .table(
+        &["run", "when", "class", "agent", "todo", "reward", "summary"],
+        rows,
+    ))
 }

@@ -404,10 +404,15 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
             proof,
         } => {
             let actor = ctx.actor(proof.agent_id.as_deref(), proof.fence, proof.claim_key);
-            Ok(todo_output(
-                "Released",
-                &kernel.release(&actor, &goal_id, &todo_id)?,
-            ))
+            let change = kernel.release(&actor, &goal_id, &todo_id)?;
+            if change.changed {
+                Ok(change_output("Released", &change))
+            } else {
+                let mut out = todo_output("Not claimed, nothing released:", &change.todo);
+                out.value["changed"] = json!(false);
+                out.value["evidence_id"] = json!(null);
+                Ok(out)
+            }
         }
         TodoCommand::Update {
             goal_id,

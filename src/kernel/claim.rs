@@ -8,7 +8,7 @@
 use serde::Serialize;
 use serde_json::json;
 
-use super::todo::authorize_write;
+use super::todo::{TodoChange, authorize_write};
 use super::{Actor, Kernel, LeaseProof, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
 use crate::error::{NextAction, Param, Result, bad_input, conflict, msg, not_found, refused};
@@ -250,11 +250,17 @@ pub(crate) fn release_in_tx(
     goal_id: &str,
     todo_id: &str,
     now: i64,
-) -> Result<Todo> {
+) -> Result<TodoChange> {
     require_goal(tx, goal_id)?;
     let mut todo = require_todo(tx, goal_id, todo_id)?;
+    // Nothing to release (already released, never claimed, or finished): a retry succeeds, and
+    // says it changed nothing.
     if todo.claim.is_none() {
-        return Ok(todo);
+        return Ok(TodoChange {
+            todo,
+            changed: false,
+            evidence_id: None,
+        });
     }
     authorize_write(&todo, actor)?;
     let fence = todo.claim.as_ref().map(|c| c.fence);
@@ -269,7 +275,11 @@ pub(crate) fn release_in_tx(
         "claim_release",
         json!({"todo_id": todo_id, "fence": fence}),
     )?;
-    Ok(todo)
+    Ok(TodoChange {
+        todo,
+        changed: true,
+        evidence_id: None,
+    })
 }
 
 impl Kernel {
@@ -335,7 +345,7 @@ impl Kernel {
     }
 
     /// Gives a claimed todo back (status `open`). The holder with its proof, or an operator.
-    pub fn release(&mut self, actor: &Actor, goal_id: &str, todo_id: &str) -> Result<Todo> {
+    pub fn release(&mut self, actor: &Actor, goal_id: &str, todo_id: &str) -> Result<TodoChange> {
         if let Actor::Agent { proof: None, .. } = actor {
             return Err(bad_input(msg![
                 "release needs the holder's proof: pass ",

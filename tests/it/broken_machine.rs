@@ -767,7 +767,11 @@ fn a_file_where_a_directory_belongs_is_exit_6_with_the_path() {
     std::fs::write(&file, "x").unwrap();
     let r = p.run(&["--format", "json", "--root", file.to_str().unwrap(), "init"]);
     assert_eq!(r.code, 6, "{}{}", r.stdout, r.stderr);
-    assert!(r.stdout.contains("\"kind\": \"io\"") || r.stdout.contains("\"kind\":\"io\""), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("\"kind\": \"io\"") || r.stdout.contains("\"kind\":\"io\""),
+        "{}",
+        r.stdout
+    );
     assert!(r.stdout.contains("afile"), "{}", r.stdout);
     let r = p.run(&["man", "--out", file.to_str().unwrap()]);
     assert_eq!(r.code, 6, "{}", r.stderr);
@@ -778,5 +782,9 @@ fn a_file_where_a_directory_belongs_is_exit_6_with_the_path() {
     std::fs::write(&goal_dir, "x").unwrap();
     let r = p.run(&["refresh-state"]);
     assert_eq!(r.code, 6, "{}", r.stderr);
-    assert!(r.stderr.contains(&goal_dir.display().to_string()), "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&goal_dir.display().to_string()),
+        "{}",
+        r.stderr
+    );
 }

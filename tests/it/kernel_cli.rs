@@ -349,7 +349,10 @@ fn history_pages_newest_first_with_reward_overlays() {
         "--before",
         page["next_before"].as_str().unwrap(),
     ]);
-    assert!(older["next_before"].is_null(), "a short page is the last: {older}");
+    assert!(
+        older["next_before"].is_null(),
+        "a short page is the last: {older}"
+    );
     let older = older["runs"].as_array().unwrap();
     assert_eq!(older.len(), 3);
     assert_eq!(older[1]["rewards"][0]["score"], -0.5);
@@ -947,4 +950,109 @@ fn the_static_link_wrapper_adds_its_flags_to_the_loopx_executable_alone() {
     let (echoed, warning) = run("loopx", &args, Some(&path));
     assert_eq!(echoed, args);
     assert!(warning.contains("libc.a not found"), "{warning}");
+}
+
+/// What a repeated resolution or release says is what happened: the same decision again changes
+/// nothing and says so; the other decision is refused (a resolution is final); releasing a todo
+/// nobody holds releases nothing; a fence never granted is named as such, not as "stale".
+#[test]
+fn repeats_report_what_happened() {
+    let p = Project::new();
+    let g = p.goal("repeats");
+    let gate = p.add_todo(&g, "gate", &["--kind", "user_gate", "--global-gate"]);
+    p.json(&[
+        "gate",
+        "resolve",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &gate,
+        "--reject",
+    ]);
+    let again = p.ok(&[
+        "gate",
+        "resolve",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &gate,
+        "--reject",
+    ]);
+    assert!(
+        again.stdout.contains("rejected already: nothing changed"),
+        "{}",
+        again.stdout
+    );
+    let before = p.snapshot();
+    let r = p.run(&["gate", "resolve", "--goal-id", &g, "--todo-id", &gate]);
+    assert_eq!(r.code, 4, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("already rejected"), "{}", r.stderr);
+    assert_eq!(before, p.snapshot());
+
+    let t = p.add_todo(&g, "work", &[]);
+    let r = p.json(&[
+        "todo",
+        "release",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "zzz",
+        "--fence",
+        "99",
+    ]);
+    assert_eq!(r["changed"], false);
+    let r = p.ok(&[
+        "todo",
+        "release",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "zzz",
+        "--fence",
+        "99",
+    ]);
+    assert!(r.stdout.contains("nothing released"), "{}", r.stdout);
+
+    let claim = p.json(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "a1",
+    ]);
+    assert_eq!(claim["claim"]["fence"], 1);
+    let r = p.run(&[
+        "todo",
+        "release",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "a1",
+        "--fence",
+        "2",
+    ]);
+    assert_eq!(r.code, 4, "{}", r.stderr);
+    assert!(r.stderr.contains("never granted"), "{}", r.stderr);
+    let r = p.json(&[
+        "todo",
+        "release",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "a1",
+        "--fence",
+        "1",
+    ]);
+    assert_eq!(r["changed"], true);
 }

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::{Actor, Kernel, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
-use crate::error::{NextAction, Result, bad_input, msg, refused};
+use crate::error::{NextAction, Result, bad_input, conflict, msg, refused};
 use crate::kernel::store::StoreTx;
 use crate::model::{Evidence, Priority, Role, Todo, TodoStatus};
 
@@ -280,6 +280,20 @@ impl Kernel {
                 ]));
             }
             if todo.status.is_terminal() {
+                // The same decision again is a retry; the other one would be a second, silently
+                // ignored resolution, so it is refused: a resolution is final.
+                let approved = todo.status == TodoStatus::Completed;
+                if approved != approve {
+                    return Err(conflict(format!(
+                        "gate '{todo_id}' was already {}; a resolution is final: add a new gate \
+                         to ask again",
+                        if approved {
+                            "approved"
+                        } else {
+                            "rejected (or archived)"
+                        }
+                    )));
+                }
                 return Ok(TodoChange {
                     todo,
                     changed: false,

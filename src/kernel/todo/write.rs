@@ -109,8 +109,13 @@ pub(crate) fn authorize_write(todo: &Todo, actor: &Actor) -> Result<()> {
             format!(" {} or ", c.fence),
             Param::ClaimKey
         ])),
-        (Some(c), Some(LeaseProof::Fence(f))) if *f != c.fence => Err(conflict(format!(
+        (Some(c), Some(LeaseProof::Fence(f))) if *f < c.fence => Err(conflict(format!(
             "stale fence {f} for todo '{}': the current lease (fence {}) was granted after yours; claim it again",
+            todo.id, c.fence
+        ))),
+        (Some(c), Some(LeaseProof::Fence(f))) if *f != c.fence => Err(conflict(format!(
+            "fence {f} for todo '{}' was never granted (the current lease is fence {}); prove \
+             the lease with the fence your claim returned",
             todo.id, c.fence
         ))),
         (Some(c), Some(LeaseProof::Key(k))) if *k != c.idempotency_key => Err(conflict(format!(
