@@ -186,6 +186,18 @@ pub type Result<T, E = LoopxError> = std::result::Result<T, E>;
 
 /// Shorthand constructors used throughout the kernel; each takes a complete, actionable sentence
 /// (plain text, or a [`msg!`] with typed pieces).
+/// ` '<value>'` for a message about a value the caller gave, or its first `max` characters and
+/// its length when longer: a refusal names the value without repeating 100 KB of it.
+pub fn quoted_input(value: &str, max: usize) -> String {
+    let n = value.chars().count();
+    if n <= max {
+        format!(" '{value}'")
+    } else {
+        let head: String = value.chars().take(max).collect();
+        format!(" '{head}…' ({n} characters)")
+    }
+}
+
 pub fn refused(msg: impl Into<Message>) -> LoopxError {
     LoopxError::Refused(msg.into())
 }

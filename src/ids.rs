@@ -4,7 +4,7 @@
 //! under `.loopx/`. Run and operation ids are ULIDs: sortable by creation time, unique without
 //! coordination, never a timestamp with a collision suffix.
 
-use crate::error::{Result, bad_input};
+use crate::error::{Result, bad_input, quoted_input};
 
 /// Longest id accepted.
 pub const MAX_ID_LEN: usize = 80;
@@ -21,8 +21,11 @@ pub fn validate_token(what: &str, value: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
+        // Quoted whole up to a little past the longest valid id, so the offending character
+        // shows; a longer value is named by its start and length.
         Err(bad_input(format!(
-            "invalid {what} '{value}': use 1-{MAX_ID_LEN} letters, digits, '.', '_' or '-', starting with a letter or digit"
+            "invalid {what}{}: use 1-{MAX_ID_LEN} letters, digits, '.', '_' or '-', starting with a letter or digit",
+            quoted_input(value, MAX_ID_LEN + 20)
         )))
     }
 }

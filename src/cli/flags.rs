@@ -161,7 +161,9 @@ const QUOTED_CHARS: usize = 32;
 /// caller makes the whole message inert). `None` for every other error, which clap renders.
 pub fn render_value_error(e: &clap::Error) -> Option<String> {
     let (flag, value, reason) = value_error_parts(e)?;
-    let value = value.map(|v| quoted(&v)).unwrap_or_default();
+    let value = value
+        .map(|v| crate::error::quoted_input(&v, QUOTED_CHARS))
+        .unwrap_or_default();
     Some(format!("error: {flag}{value} {reason}\n"))
 }
 
@@ -182,17 +184,6 @@ pub fn value_error_parts(e: &clap::Error) -> Option<(String, Option<String>, Str
         _ => None,
     };
     Some((flag, value, reason))
-}
-
-/// ` '<value>'`, or its first [`QUOTED_CHARS`] characters and its length when longer.
-fn quoted(v: &str) -> String {
-    let n = v.chars().count();
-    if n <= QUOTED_CHARS {
-        format!(" '{v}'")
-    } else {
-        let head: String = v.chars().take(QUOTED_CHARS).collect();
-        format!(" '{head}…' ({n} characters)")
-    }
 }
 
 #[cfg(test)]
@@ -323,6 +314,7 @@ mod tests {
 
     #[test]
     fn long_values_are_cut_when_quoted() {
+        let quoted = |v: &str| crate::error::quoted_input(v, QUOTED_CHARS);
         assert_eq!(quoted("0"), " '0'");
         let huge = "9".repeat(300);
         let q = quoted(&huge);

@@ -451,9 +451,23 @@ pub fn main(wasm: WasmDispatch) -> i32 {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => return argument_error(&e, std::env::args_os()),
         Err(e) => {
-            // `--help` and `--version`: clap's own text, unchanged by `--format`.
-            let _ = e.print();
-            return 0;
+            // `--help` and `--version`: clap's own text, unchanged by `--format`, styled as clap
+            // styles it (only on a terminal, and not under NO_COLOR), and written like any
+            // output: a stdout that refuses it is exit 6, as for every command.
+            use std::io::IsTerminal;
+            let styled = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            let text = if styled {
+                e.render().ansi().to_string()
+            } else {
+                e.render().to_string()
+            };
+            return match write_stdout(&text) {
+                Ok(()) => 0,
+                Err(err) => {
+                    report_error(&err, Format::Text);
+                    err.exit_code()
+                }
+            };
         }
     };
     let verbosity = match (cli.quiet, cli.verbose) {

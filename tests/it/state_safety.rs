@@ -641,3 +641,26 @@ fn damaged_write_stamp_falls_back_to_parsing() {
     let r = p.run(&["refresh-state", "--goal-id", &g]);
     assert_eq!(r.code, 5, "{}", r.stderr);
 }
+
+/// A refused id is named, not repeated: 100 KB of it would bury the message (and a terminal).
+#[test]
+fn a_huge_invalid_id_is_named_by_its_start_and_length() {
+    let (p, g) = seeded();
+    let huge = "a".repeat(100_000);
+    for format in ["text", "json"] {
+        let r = p.run(&[
+            "--format",
+            format,
+            "todo",
+            "show",
+            "--goal-id",
+            &g,
+            "--todo-id",
+            &huge,
+        ]);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        let said = format!("{}{}", r.stdout, r.stderr);
+        assert!(said.len() < 2_000, "{format}: {} bytes", said.len());
+        assert!(said.contains("(100000 characters)"), "{said}");
+    }
+}
