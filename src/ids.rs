@@ -21,11 +21,12 @@ pub fn validate_token(what: &str, value: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        // Quoted whole up to a little past the longest valid id, so the offending character
-        // shows; a longer value is named by its start and length.
+        // Quoted whole up to a few times the longest valid id (JSON errors keep what the caller
+        // sent, and the offending character shows); a longer value is named by its start and
+        // length.
         Err(bad_input(format!(
             "invalid {what}{}: use 1-{MAX_ID_LEN} letters, digits, '.', '_' or '-', starting with a letter or digit",
-            quoted_input(value, MAX_ID_LEN + 20)
+            quoted_input(value, 4 * MAX_ID_LEN)
         )))
     }
 }

@@ -342,6 +342,10 @@ impl QuotaReport {
 impl Kernel {
     /// The goal's quota as `agent_id` (or the goal as a whole) sees it now.
     pub fn quota(&self, goal_id: &str, agent_id: Option<&str>) -> Result<QuotaReport> {
+        // Checked as `should-run` checks it: an id no agent can have is bad input, not a view.
+        if let Some(agent) = agent_id {
+            crate::ids::validate_token("agent id", agent)?;
+        }
         self.read(|tx| {
             require_goal(tx, goal_id)?;
             let now = now_ms();

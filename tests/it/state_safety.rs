@@ -126,6 +126,22 @@ fn bad_input_exits_2_and_changes_nothing() {
         ],
         vec!["todo", "add", "--goal-id", "../escape", "--title", "x"],
         vec![
+            "quota",
+            "show",
+            "--goal-id",
+            g.as_str(),
+            "--agent-id",
+            "no such agent",
+        ],
+        vec![
+            "quota",
+            "should-run",
+            "--goal-id",
+            g.as_str(),
+            "--agent-id",
+            "--help",
+        ],
+        vec![
             "todo",
             "update",
             "--goal-id",
