@@ -221,7 +221,11 @@ fn error_of(status: StatusCode, text: String) -> LoopxError {
 /// The answer to a request that may not go on: another host, or a missing or wrong token (or
 /// the redirect that moves a `?token=` into a cookie).
 fn refusal(config: &Config, request: &Request) -> Option<Response> {
-    if !host_allowed(config.listen, request.headers()) {
+    let target_ok = request
+        .uri()
+        .authority()
+        .is_none_or(|a| authority_allowed(config.listen, a.as_str()));
+    if !host_allowed(config.listen, request.headers()) || !target_ok {
         return Some(
             (
                 StatusCode::MISDIRECTED_REQUEST,
@@ -285,26 +289,60 @@ fn unauthorized() -> Response {
 /// Whether the `Host` header names this server: `localhost` or an IP address it listens on,
 /// with its port. A DNS rebinding attack reaches the server under the attacker's host name,
 /// which is refused; an IP literal cannot be rebound.
+/// Exactly one `Host` header is accepted (RFC 9112 makes two a bad request), and a request
+/// target in absolute form (`GET http://name/...`) must name an allowed host too: a proxy or a
+/// client may go by either.
 pub fn host_allowed(listen: SocketAddr, headers: &HeaderMap) -> bool {
-    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(host), None) => host
+            .to_str()
+            .is_ok_and(|host| authority_allowed(listen, host)),
+        _ => false,
+    }
+}
+
+/// Whether `host` (`name[:port]`, `[v6][:port]`) names this server, spelled strictly: brackets
+/// only around an IPv6 address, a port of plain digits without a leading zero.
+pub fn authority_allowed(listen: SocketAddr, host: &str) -> bool {
+    let (name, port) = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, "")) => (v6, None),
+            Some((v6, tail)) => match tail.strip_prefix(':') {
+                Some(port) => (v6, Some(port)),
+                None => return false,
+            },
+            None => return false,
+        },
+        None => match host.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        },
+    };
+    let bracketed = host.starts_with('[');
+    if name.is_empty() || name.contains(['[', ']']) || (!bracketed && name.contains(':')) {
         return false;
-    };
-    let (name, port) = match host.rsplit_once(':') {
-        Some((name, port)) if !name.is_empty() && !port.contains(']') => (name, Some(port)),
-        _ => (host, None),
-    };
+    }
     let port_ok = match port {
-        Some(p) => p.parse::<u16>() == Ok(listen.port()),
+        Some(p) => {
+            p.bytes().all(|b| b.is_ascii_digit())
+                && !(p.len() > 1 && p.starts_with('0'))
+                && p.parse::<u16>() == Ok(listen.port())
+        }
         None => listen.port() == 80,
     };
     if !port_ok {
         return false;
     }
-    let name = name.trim_start_matches('[').trim_end_matches(']');
-    if name.eq_ignore_ascii_case("localhost") {
+    if !bracketed && name.eq_ignore_ascii_case("localhost") {
         return listen.ip().is_loopback() || listen.ip().is_unspecified();
     }
-    match name.parse::<IpAddr>() {
+    let ip = if bracketed {
+        name.parse::<std::net::Ipv6Addr>().map(IpAddr::V6)
+    } else {
+        name.parse::<std::net::Ipv4Addr>().map(IpAddr::V4)
+    };
+    match ip {
         Ok(ip) if listen.ip().is_unspecified() => !ip.is_unspecified(),
         Ok(ip) if listen.ip().is_loopback() => ip.is_loopback(),
         Ok(ip) => ip == listen.ip(),
@@ -324,7 +362,8 @@ fn request_token(headers: &HeaderMap) -> Option<String> {
     if let Some(auth) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.split_once(' '))
+        .and_then(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer").then_some(token))
     {
         return Some(auth.trim().to_string());
     }

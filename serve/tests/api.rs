@@ -491,6 +491,14 @@ async fn a_request_for_another_host_is_refused() {
         "127.0.0.1:8080",
         "localhost.evil.example:7878",
         "10.0.0.1:7878",
+        // Misspelled forms of allowed names: brackets only around IPv6, a plain port.
+        "[localhost]:7878",
+        "localhost]:7878",
+        "[127.0.0.1]:7878",
+        "::1:7878",
+        "localhost:07878",
+        "localhost:+7878",
+        "[::1]x:7878",
     ] {
         let request = Request::builder()
             .uri("/api/v1/status")
@@ -503,6 +511,20 @@ async fn a_request_for_another_host_is_refused() {
     }
     let request = Request::builder()
         .uri("/api/v1/status")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&app, request).await.0, StatusCode::MISDIRECTED_REQUEST);
+    // Two Host headers, or a request target naming another host, are refused too.
+    let request = Request::builder()
+        .uri("/api/v1/status")
+        .header(header::HOST, "127.0.0.1:7878")
+        .header(header::HOST, "evil.example")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&app, request).await.0, StatusCode::MISDIRECTED_REQUEST);
+    let request = Request::builder()
+        .uri("http://evil.example/api/v1/status")
+        .header(header::HOST, "127.0.0.1:7878")
         .body(Body::empty())
         .unwrap();
     assert_eq!(send(&app, request).await.0, StatusCode::MISDIRECTED_REQUEST);
@@ -545,6 +567,12 @@ async fn with_a_token_every_request_must_carry_it() {
         .body(Body::empty())
         .unwrap();
     assert_eq!(send(&app, bearer).await.0, StatusCode::OK);
+    // The scheme's name is case-insensitive (RFC 9110), the token is not.
+    let lower = at("/api/v1/status")
+        .header(header::AUTHORIZATION, "bearer s3cret-token")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&app, lower).await.0, StatusCode::OK);
     // `?token=` sets the cookie and redirects to the address without it.
     let (status, headers, _) = send(
         &app,
