@@ -42,11 +42,11 @@ fn main() -> ExitCode {
 
 /// Exit codes as `loopx` uses them: 2 bad input, 3 not found, 6 I/O.
 fn serve(args: Args) -> Result<(), (u8, String)> {
-    let listen: SocketAddr = args.listen.parse().map_err(|_| {
+    let listen: SocketAddr = parse_listen(&args.listen).ok_or_else(|| {
         (
             2,
             format!(
-                "--listen {:?} is not an address and port; use e.g. 127.0.0.1:7878 or [::1]:7878",
+                "--listen {:?} is not an address and port; use e.g. 127.0.0.1:7878, [::1]:7878 or localhost:7878",
                 args.listen
             ),
         )
@@ -122,4 +122,47 @@ fn serve(args: Args) -> Result<(), (u8, String)> {
         .await;
         Ok(())
     })
+}
+
+/// `--listen`: an IP address and port, or `localhost:PORT` (the IPv4 loopback, which is what the
+/// Host check accepts `localhost` for). No other name is resolved: the address a server binds
+/// should not depend on DNS.
+fn parse_listen(text: &str) -> Option<SocketAddr> {
+    text.parse().ok().or_else(|| {
+        let (name, port) = text.rsplit_once(':')?;
+        let port = port.parse::<u16>().ok()?;
+        name.eq_ignore_ascii_case("localhost")
+            .then(|| SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_listen;
+
+    #[test]
+    fn listen_takes_an_address_or_localhost() {
+        assert_eq!(
+            parse_listen("127.0.0.1:7878"),
+            Some("127.0.0.1:7878".parse().unwrap())
+        );
+        assert_eq!(parse_listen("[::1]:0"), Some("[::1]:0".parse().unwrap()));
+        assert_eq!(
+            parse_listen("localhost:7878"),
+            Some("127.0.0.1:7878".parse().unwrap())
+        );
+        assert_eq!(
+            parse_listen("LOCALHOST:1"),
+            Some("127.0.0.1:1".parse().unwrap())
+        );
+        for bad in [
+            "localhost",
+            "example.com:80",
+            "localhost:x",
+            "nonsense",
+            ":80",
+        ] {
+            assert_eq!(parse_listen(bad), None, "{bad}");
+        }
+    }
 }
