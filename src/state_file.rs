@@ -12,33 +12,35 @@ use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-/// Opens `path` for reading if it is a regular file. `O_NONBLOCK` keeps `open` of a FIFO or a
-/// device from waiting for a writer; it changes nothing for a regular file's reads.
-pub fn open_regular(path: &Path) -> io::Result<File> {
+/// Opens `path` for reading if it is a regular file, with its metadata. `O_NONBLOCK` keeps
+/// `open` of a FIFO or a device from waiting for a writer; it changes nothing for a regular
+/// file's reads.
+pub fn open_regular(path: &Path) -> io::Result<(File, std::fs::Metadata)> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    if !file.metadata()?.is_file() {
+    let meta = file.metadata()?;
+    if !meta.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("{} is not a regular file", path.display()),
         ));
     }
-    Ok(file)
+    Ok((file, meta))
 }
 
 /// The whole of the regular file at `path`, refused (`FileTooLarge`) above `max` bytes.
 pub fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    let file = open_regular(path)?;
+    let (file, meta) = open_regular(path)?;
     let too_large = || {
         io::Error::new(
             io::ErrorKind::FileTooLarge,
             format!("{} is larger than {max} bytes", path.display()),
         )
     };
-    let len = file.metadata()?.len();
+    let len = meta.len();
     if len > max {
         return Err(too_large());
     }

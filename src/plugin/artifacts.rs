@@ -45,7 +45,7 @@ pub fn read_artifact(path: &Path) -> Result<Option<Vec<u8>>, String> {
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     crate::state_file::open_regular(path)
-        .and_then(|f| f.take(MAX_ARTIFACT_BYTES + 1).read_to_end(&mut bytes))
+        .and_then(|(f, _)| f.take(MAX_ARTIFACT_BYTES + 1).read_to_end(&mut bytes))
         .map_err(|e| format!("unreadable ({e})"))?;
     if bytes.len() as u64 > MAX_ARTIFACT_BYTES {
         return Err(format!("over the {MAX_ARTIFACT_BYTES}-byte bound"));

@@ -106,8 +106,7 @@ impl<'a> StampedPart<'a> {
         is_quota_part: fn(&[u8]) -> bool,
     ) -> Option<StampedPart<'a>> {
         use std::os::unix::fs::FileExt;
-        let file = crate::state_file::open_regular(path).ok()?;
-        let meta = file.metadata().ok()?;
+        let (file, meta) = crate::state_file::open_regular(path).ok()?;
         if stamp_of(&meta) != stat {
             return None;
         }
