@@ -26,6 +26,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 /// lives as long as its page.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long, after an interrupt, a response being written may take to finish. An event stream
+/// never finishes (it lasts as long as its page), so without this bound an open dashboard tab
+/// kept the server from stopping.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
 /// The most connections served at once. An open page holds one for its event stream and a few
 /// for its fetches, so this is far more than operators need, and far below the usual limit of
 /// 1024 descriptors a process may hold.
@@ -88,7 +93,8 @@ fn is_connection_error(e: &std::io::Error) -> bool {
 }
 
 /// Serves one connection's requests until it closes, or until shutdown, when the response in
-/// progress (if any) is finished and the connection closed. `_slot` is given back on return.
+/// progress (if any) gets [`SHUTDOWN_GRACE`] to finish and the connection is closed. `_slot` is
+/// given back on return.
 async fn connection(
     stream: TcpStream,
     app: Router,
@@ -108,5 +114,5 @@ async fn connection(
         _ = stopping.wait_for(|stop| *stop) => {}
     }
     conn.as_mut().graceful_shutdown();
-    let _ = conn.await;
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, conn).await;
 }

@@ -31,7 +31,7 @@ use serde::Deserialize;
 use tokio::sync::broadcast;
 
 mod connections;
-pub use connections::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, serve_until};
+pub use connections::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, SHUTDOWN_GRACE, serve_until};
 
 /// The page, its script and its style, compiled in: no build step, nothing fetched at run time.
 const INDEX_HTML: &str = include_str!("../assets/index.html");

@@ -272,8 +272,21 @@ fn a_client_that_never_finishes_a_request_is_disconnected_and_others_are_served(
 fn an_interrupt_still_stops_the_server_cleanly() {
     let dir = project();
     let mut server = start(dir.path(), &[]);
-    // An open connection that sent nothing does not hold the shutdown up.
+    // An open connection that sent nothing does not hold the shutdown up, nor does an open
+    // page's event stream, which never ends by itself.
     let _quiet = TcpStream::connect(&server.1).unwrap();
+    let mut events = TcpStream::connect(&server.1).unwrap();
+    write!(
+        events,
+        "GET /api/v1/events HTTP/1.1\r\nHost: {}\r\n\r\n",
+        server.1
+    )
+    .unwrap();
+    let mut first = [0u8; 64];
+    events
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert!(events.read(&mut first).unwrap() > 0, "the stream started");
     let status = Command::new("kill")
         .args(["-INT", &server.0.id().to_string()])
         .status()
