@@ -1,8 +1,12 @@
 //! Which process drives a turn: the per-turn `flock`, and the test-only crash hook.
 //!
-//! Why this exists: a process that drives or recovers a turn holds an exclusive `flock` on
+//! Why this exists: a process that drives or recovers a turn holds an exclusive lock on
 //! `.loopx/turns/<turn-key>.lock`; the OS drops it when the process dies (even by SIGKILL), so
-//! recovery takes over only turns whose driver is gone. The crash hook kills the process right
+//! recovery takes over only turns whose driver is gone. It is a POSIX record lock (`fcntl`),
+//! which belongs to the process, not a `flock`, which belongs to the open file and so is shared
+//! by every child forked while it is held: the host's child, between its fork and its `exec`,
+//! kept a dead driver's turn locked until the parent-death signal reached it, and a `turn
+//! recover` run in that moment left the turn unsettled. The crash hook kills the process right
 //! after a commit, which is how the tests prove that recovery finishes every phase exactly once.
 
 use std::fs::File;
@@ -33,19 +37,14 @@ impl TurnLock {
             .write(true)
             .open(&path)
             .map_err(|e| LoopxError::internal(format!("opening {}", path.display()), e))?;
-        // SAFETY: flock on a file descriptor we own.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::WouldBlock {
-                return Ok(None);
-            }
-            return Err(LoopxError::internal(
+        match lock_exclusively(&file) {
+            Ok(true) => Ok(Some(TurnLock { _file: file, path })),
+            Ok(false) => Ok(None),
+            Err(err) => Err(LoopxError::internal(
                 format!("locking {}", path.display()),
                 err,
-            ));
+            )),
         }
-        Ok(Some(TurnLock { _file: file, path }))
     }
 
     /// This process is done with the turn (settled, or given up on an error): removes the lock
@@ -57,6 +56,28 @@ impl TurnLock {
 impl Drop for TurnLock {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Takes this process's exclusive record lock on the whole file without waiting; `false` when
+/// another process holds it.
+fn lock_exclusively(file: &File) -> std::io::Result<bool> {
+    let whole_file = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    // SAFETY: fcntl on a file descriptor we own, with a valid `struct flock`.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &whole_file) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EAGAIN | libc::EACCES) => Ok(false),
+        _ => Err(err),
     }
 }
 
@@ -76,3 +97,45 @@ pub(crate) fn crash_hook(point: &str) {
 /// Release builds and `cargo build` have no crash hook: the call sites compile to nothing.
 #[cfg(not(feature = "test-hooks"))]
 pub(crate) fn crash_hook(_point: &str) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    #[test]
+    fn a_child_forked_while_the_lock_is_held_does_not_keep_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.lock");
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .unwrap()
+        };
+        let held = open();
+        assert!(lock_exclusively(&held).unwrap());
+        // A child that lingers between its fork and its exec, as the host's child does while
+        // its parent-death signal is on the way.
+        let mut child = std::process::Command::new("true");
+        // SAFETY: the closure only sleeps, which is async-signal-safe.
+        unsafe {
+            child.pre_exec(|| {
+                libc::usleep(1_500_000);
+                Ok(())
+            });
+        }
+        let mut child = child.spawn().unwrap();
+        // The holder closes its descriptor (as a killed driver's are): the lock is free at once,
+        // though the child still has its inherited copy of the descriptor.
+        drop(held);
+        let again = open();
+        assert!(
+            lock_exclusively(&again).unwrap(),
+            "the forked child kept the lock"
+        );
+        child.wait().unwrap();
+    }
+}
