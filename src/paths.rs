@@ -50,15 +50,29 @@ impl ProjectPaths {
 
     /// Resolves the project: an explicit root (flag or `LOOPX_ROOT`) must contain `.loopx/`;
     /// otherwise search upward from `cwd`. Never creates anything.
-    pub fn discover(explicit: Option<&Path>, cwd: &Path) -> Result<ProjectPaths> {
+    ///
+    /// `cwd` is asked only when it is needed (no root, or a relative one): a command given an
+    /// absolute root works from a working directory that has been deleted.
+    pub fn discover(
+        explicit: Option<&Path>,
+        cwd: impl FnOnce() -> Result<PathBuf>,
+    ) -> Result<ProjectPaths> {
         let paths = ProjectPaths::find(explicit, cwd)?;
         paths.require_text_path()?;
         Ok(paths)
     }
 
-    fn find(explicit: Option<&Path>, cwd: &Path) -> Result<ProjectPaths> {
+    fn find(
+        explicit: Option<&Path>,
+        cwd: impl FnOnce() -> Result<PathBuf>,
+    ) -> Result<ProjectPaths> {
         if let Some(root) = explicit {
-            let paths = ProjectPaths::at(&absolutize(root, cwd));
+            let root = if root.is_absolute() {
+                root.to_path_buf()
+            } else {
+                cwd()?.join(root)
+            };
+            let paths = ProjectPaths::at(&root);
             if paths.state.join(DB_FILE).is_file() {
                 return Ok(paths);
             }
@@ -73,7 +87,8 @@ impl ProjectPaths {
                 format!(" in {} first", paths.project.display())
             ]));
         }
-        let mut dir = Some(cwd);
+        let cwd = cwd()?;
+        let mut dir = Some(cwd.as_path());
         while let Some(d) = dir {
             let candidate = ProjectPaths::at(d);
             if candidate.db().is_file() {
@@ -100,12 +115,22 @@ impl ProjectPaths {
     /// reporting "no project", would let the next `init` or `start-goal` start an empty project
     /// in place of the lost one. `loopx init` alone may create the database. An empty `.loopx/`
     /// is no project at all (a directory made by hand, or the empty filesystem a turn's sandbox
-    /// lays over the real one), so the search goes on past it as before.
+    /// lays over the real one), so the search goes on past it as before; so is one that holds
+    /// only the temp files of writes that never finished (an `init` killed before its database
+    /// was linked into place).
     pub fn refuse_lost_database(&self) -> Result<()> {
-        let holds_anything = std::fs::read_dir(&self.state)
-            .map(|mut entries| entries.next().is_some())
-            .unwrap_or(false);
-        if !holds_anything {
+        let holds_project_files = std::fs::read_dir(&self.state).is_ok_and(|mut entries| {
+            entries.any(|entry| {
+                entry.is_ok_and(|entry| {
+                    entry
+                        .file_name()
+                        .to_str()
+                        .and_then(crate::state_file::temp_writer_pid)
+                        .is_none()
+                })
+            })
+        });
+        if !holds_project_files {
             return Ok(());
         }
         Err(LoopxError::Corrupt {
@@ -206,10 +231,14 @@ pub fn run_month(run_id: &str) -> Option<String> {
     Some(date[..7].to_string())
 }
 
-fn absolutize(path: &Path, cwd: &Path) -> PathBuf {
-    if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        cwd.join(path)
-    }
+/// The process's working directory. A directory deleted under the process (or made unreadable)
+/// is the machine's doing: an I/O failure (exit 6) that says how to go on, never an internal one.
+pub fn working_directory() -> Result<PathBuf> {
+    std::env::current_dir().map_err(|source| LoopxError::Io {
+        path: PathBuf::new(),
+        context: "reading the working directory (deleted or unreadable); cd to an existing \
+                  directory, or pass an absolute --root"
+            .into(),
+        source,
+    })
 }

@@ -10,7 +10,31 @@
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The temp file a write of `path` goes through before it is put in place whole:
+/// `.<name>.<pid>.tmp` beside it. The writer's pid in the name keeps two processes writing one
+/// file apart, and lets `gc` tell the temp file of a write that was killed
+/// ([`temp_writer_pid`]) from one in progress.
+pub fn temp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+}
+
+/// The pid of the writer of a temp file named by [`temp_path`], or `None` for any other name.
+/// SQLite's companions of a temp database (`-wal`, `-shm`, `-journal`) count as its own.
+pub fn temp_writer_pid(file_name: &str) -> Option<u32> {
+    let file_name = ["-wal", "-shm", "-journal"]
+        .iter()
+        .find_map(|suffix| file_name.strip_suffix(suffix))
+        .unwrap_or(file_name);
+    let rest = file_name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let (name, pid) = rest.rsplit_once('.')?;
+    if name.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
 
 /// Opens `path` for reading if it is a regular file, with its metadata. `O_NONBLOCK` keeps
 /// `open` of a FIFO or a device from waiting for a writer; it changes nothing for a regular

@@ -70,9 +70,7 @@ fn serve(args: Args) -> Result<(), (u8, String)> {
         )
     })?;
     check_config(listen, token.as_deref()).map_err(|e| (2, e.to_string()))?;
-    let cwd =
-        std::env::current_dir().map_err(|e| (6, format!("reading the working directory: {e}")))?;
-    let paths = ProjectPaths::discover(args.root.as_deref(), &cwd)
+    let paths = ProjectPaths::discover(args.root.as_deref(), loopx::paths::working_directory)
         .map_err(|e| (e.exit_code() as u8, e.to_string()))?;
     // Opening the project once up front reports a damaged or missing one before listening.
     loopx::kernel::Kernel::open(paths.clone()).map_err(|e| (e.exit_code() as u8, e.to_string()))?;

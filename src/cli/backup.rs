@@ -23,11 +23,7 @@ pub struct BackupArgs {
 
 pub fn run(ctx: &Context, args: BackupArgs) -> Result<Output> {
     let paths = ctx.paths()?;
-    let dest = if args.path.is_absolute() {
-        args.path
-    } else {
-        ctx.cwd.join(args.path)
-    };
+    let dest = ctx.absolute(&args.path)?;
     // Checked here for a clear message; `backup_to` links the finished copy with a call that
     // also refuses an existing file, so a file created meanwhile is never replaced either.
     if dest.symlink_metadata().is_ok() {

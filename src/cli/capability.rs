@@ -46,11 +46,7 @@ pub(crate) fn read_input(ctx: &Context, path: &std::path::Path) -> Result<String
     let read = if path.as_os_str() == "-" {
         std::io::stdin().take(MAX + 1).read_to_string(&mut text)
     } else {
-        let p = if path.is_absolute() {
-            path.to_path_buf()
-        } else {
-            ctx.cwd.join(path)
-        };
+        let p = ctx.absolute(path)?;
         std::fs::File::open(&p).and_then(|f| f.take(MAX + 1).read_to_string(&mut text))
     };
     read.map_err(|e| {

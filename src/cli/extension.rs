@@ -131,11 +131,9 @@ fn record_json(rec: &ExtensionRecord) -> serde_json::Value {
 
 pub fn run(ctx: &Context, cmd: ExtensionCommand) -> Result<Output> {
     if let ExtensionCommand::New { name, kind, dir } = cmd {
-        let parent = dir.unwrap_or_else(|| ctx.cwd.clone());
-        let parent = if parent.is_absolute() {
-            parent
-        } else {
-            ctx.cwd.join(parent)
+        let parent = match dir {
+            Some(dir) => ctx.absolute(&dir)?,
+            None => ctx.cwd()?.to_path_buf(),
         };
         let s = scaffold::create(&parent, &name, kind.into())?;
         return Ok(Output::new(json!({"scaffold": s}))
@@ -298,17 +296,13 @@ fn install(
     grants: Vec<String>,
     mode: InstallMode,
 ) -> Result<Output> {
-    let dir = if dir.is_absolute() {
-        dir
-    } else {
-        ctx.cwd.join(dir)
-    };
+    let dir = ctx.absolute(&dir)?;
     ctx.progress(&format!(
         "installing {}: validating, auditing and compiling its components (a compile can take \
          seconds)",
         dir.display()
     ));
-    let r = host.install_as(kernel, actor, &dir, &grants, &ctx.cwd, mode)?;
+    let r = host.install_as(kernel, actor, &dir, &grants, ctx.cwd()?, mode)?;
     let rows = r
         .components
         .iter()

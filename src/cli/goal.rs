@@ -108,11 +108,9 @@ pub fn run(ctx: &Context, cmd: GoalCommand) -> Result<Output> {
             success_criteria,
             project,
         } => {
-            let project_dir = project.map(|p| {
-                if p.is_absolute() { p } else { ctx.cwd.join(p) }
-                    .display()
-                    .to_string()
-            });
+            let project_dir = project
+                .map(|p| ctx.absolute(&p).map(|p| p.display().to_string()))
+                .transpose()?;
             let goal = create(
                 ctx,
                 NewGoal {

@@ -15,14 +15,9 @@ pub struct InitArgs {
 }
 
 pub fn run(ctx: &Context, args: InitArgs) -> Result<Output> {
-    let dir = args
-        .dir
-        .or_else(|| ctx.root.clone())
-        .unwrap_or_else(|| ctx.cwd.clone());
-    let dir = if dir.is_absolute() {
-        dir
-    } else {
-        ctx.cwd.join(dir)
+    let dir = match args.dir.or_else(|| ctx.root.clone()) {
+        Some(dir) => ctx.absolute(&dir)?,
+        None => ctx.cwd()?.to_path_buf(),
     };
     let created = Kernel::init(&dir)?.is_some();
     let paths = crate::paths::ProjectPaths::at(&dir);

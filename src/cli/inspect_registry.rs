@@ -21,8 +21,7 @@ pub struct InspectRegistryArgs {
 
 pub fn run(ctx: &Context, args: InspectRegistryArgs) -> Result<Output> {
     let path = match args.path {
-        Some(p) if p.is_absolute() => p,
-        Some(p) => ctx.cwd.join(p),
+        Some(p) => ctx.absolute(&p)?,
         None => ctx.paths()?.registry(),
     };
     let inspection = inspect_registry(&path);

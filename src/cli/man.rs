@@ -40,11 +40,7 @@ pub fn run(ctx: &Context, args: ManArgs) -> Result<Output> {
         let page = render(&cmd);
         return Ok(Output::new(json!({"page": "loopx.1", "roff": page})).verbatim(page));
     };
-    let dir = if out.is_absolute() {
-        out
-    } else {
-        ctx.cwd.join(out)
-    };
+    let dir = ctx.absolute(&out)?;
     std::fs::create_dir_all(&dir)
         .map_err(|e| LoopxError::io(&dir, format!("creating {}", dir.display()), e))?;
     let mut written = Vec::new();

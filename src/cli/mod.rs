@@ -36,7 +36,7 @@ mod turn;
 mod watch;
 
 use std::cell::{OnceCell, RefCell, RefMut};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 
@@ -161,7 +161,9 @@ pub enum Verbosity {
 /// kernel, opened on first use and kept for the rest of the process.
 pub struct Context {
     pub root: Option<PathBuf>,
-    pub cwd: PathBuf,
+    /// The working directory, read on first use: most commands never need it, and one given an
+    /// absolute root works after its directory was deleted.
+    cwd: OnceCell<PathBuf>,
     pub verbosity: Verbosity,
     /// `--format`, for commands that print as they go (`--watch`).
     pub format: Format,
@@ -179,12 +181,10 @@ pub struct Context {
 
 impl Context {
     fn from_env(root: Option<PathBuf>, verbosity: Verbosity, format: Format) -> Result<Context> {
-        let cwd = std::env::current_dir()
-            .map_err(|e| LoopxError::internal("reading the working directory", e))?;
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         Ok(Context {
             root,
-            cwd,
+            cwd: OnceCell::new(),
             verbosity,
             format,
             turn_key: var("LOOPX_TURN_KEY"),
@@ -199,7 +199,7 @@ impl Context {
     fn for_turn(paths: &ProjectPaths, identity: &TurnIdentity, format: Format) -> Context {
         Context {
             root: Some(paths.project.clone()),
-            cwd: paths.project.clone(),
+            cwd: OnceCell::from(paths.project.clone()),
             verbosity: Verbosity::Normal,
             format,
             turn_key: Some(identity.turn_key.clone()),
@@ -239,7 +239,25 @@ impl Context {
     }
 
     pub fn paths(&self) -> Result<ProjectPaths> {
-        ProjectPaths::discover(self.root.as_deref(), &self.cwd)
+        ProjectPaths::discover(self.root.as_deref(), || self.cwd().map(Path::to_path_buf))
+    }
+
+    /// The working directory (see the field).
+    pub fn cwd(&self) -> Result<&Path> {
+        if let Some(cwd) = self.cwd.get() {
+            return Ok(cwd);
+        }
+        let cwd = crate::paths::working_directory()?;
+        Ok(self.cwd.get_or_init(|| cwd))
+    }
+
+    /// `path` as given when absolute, else under the working directory.
+    pub fn absolute(&self, path: &Path) -> Result<PathBuf> {
+        if path.is_absolute() {
+            Ok(path.to_path_buf())
+        } else {
+            Ok(self.cwd()?.join(path))
+        }
     }
 
     /// The project's kernel, opened by the first call. One borrow at a time: a command takes it,

@@ -51,7 +51,7 @@ pub fn run(ctx: &Context, args: ServeArgs) -> Result<Output> {
         command.arg("--token").arg(token);
     }
     if let Some(file) = &args.token_file {
-        command.arg("--token-file").arg(ctx.cwd.join(file));
+        command.arg("--token-file").arg(ctx.absolute(file)?);
     }
     let err = command.exec();
     Err(crate::error::not_found(format!(

@@ -99,9 +99,8 @@ pub fn run(ctx: &Context, args: StartGoalArgs) -> Result<Output> {
         ));
     }
     let project = match args.project.or_else(|| ctx.root.clone()) {
-        Some(p) if p.is_absolute() => p,
-        Some(p) => ctx.cwd.join(p),
-        None => ctx.cwd.clone(),
+        Some(p) => ctx.absolute(&p)?,
+        None => ctx.cwd()?.to_path_buf(),
     };
     // `start-goal` initializes a directory that has no project; a `.loopx/` whose database is
     // gone is a lost project, which only an explicit `loopx init` may replace.

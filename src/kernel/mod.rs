@@ -155,8 +155,12 @@ impl Kernel {
                 ],
             });
         }
-        std::fs::create_dir_all(paths.goals_dir()).map_err(|e| {
-            LoopxError::internal(format!("creating {}", paths.goals_dir().display()), e)
+        std::fs::create_dir_all(&paths.state).map_err(|e| {
+            LoopxError::io(
+                &paths.state,
+                format!("creating {}", paths.state.display()),
+                e,
+            )
         })?;
         // A damage marker left beside a database that is gone says nothing about the new one.
         let marker = crate::kernel::store::damage_marker(&paths.db());
@@ -168,6 +172,13 @@ impl Kernel {
         let store = crate::kernel::store::create(Backend::default(), &paths.db())?;
         // The store made its own entries durable; this makes `.loopx/` itself so.
         crate::kernel::store::sync_directory(&paths.project)?;
+        std::fs::create_dir_all(paths.goals_dir()).map_err(|e| {
+            LoopxError::io(
+                paths.goals_dir(),
+                format!("creating {}", paths.goals_dir().display()),
+                e,
+            )
+        })?;
         let mut kernel = Kernel {
             paths,
             store,

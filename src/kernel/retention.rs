@@ -492,7 +492,7 @@ fn stale_temp_files(dir: &std::path::Path, out: &mut Vec<StaleTempFile>) {
         let Some(pid) = entry
             .file_name()
             .to_str()
-            .and_then(super::projection::temp_writer_pid)
+            .and_then(crate::state_file::temp_writer_pid)
         else {
             continue;
         };

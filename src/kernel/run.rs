@@ -182,16 +182,7 @@ impl Kernel {
                     break;
                 }
                 for run in &page {
-                    let json = self.paths().run_json(&goal.id, &run.id);
-                    if std::fs::metadata(&json)
-                        .map(|m| m.len() == 0)
-                        .unwrap_or(true)
-                    {
-                        // Missing or emptied by a crash before the data reached the disk.
-                        for path in [json, self.paths().run_md(&goal.id, &run.id)] {
-                            let _ = std::fs::remove_file(path);
-                        }
-                        self.write_run_report(run)?;
+                    if self.restore_run_report(run)? {
                         reports += 1;
                     }
                 }

@@ -26,7 +26,7 @@ use super::recovery::{recover, recover_one};
 use super::request::{LEASE_MARGIN_SECONDS, TurnRequest, check_request};
 use super::result::REQUEST_SCHEMA;
 use crate::clock::{now_ms, rfc3339};
-use crate::error::{LoopxError, Result, conflict};
+use crate::error::{Result, conflict};
 use crate::ids::new_ulid;
 use crate::kernel::Kernel;
 use crate::kernel::claim::MAX_TTL_SECONDS;
@@ -64,8 +64,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
             "turn '{turn_key}' is locked by another process"
         )));
     };
-    let cwd = std::env::current_dir()
-        .map_err(|e| LoopxError::internal("reading the working directory", e))?;
+    let cwd = crate::paths::working_directory()?;
     let launch = Launch {
         host_argv: absolutize(&cwd, &req.host_argv),
         validate_argv: req.validate_argv.as_deref().map(|v| absolutize(&cwd, v)),

@@ -195,31 +195,13 @@ pub(super) fn with_temp_file_unless_declined(
     })
 }
 
-/// The temp file a write of `path` goes through: `.<name>.<pid>.tmp` in `path`'s directory (made
-/// if missing). The writer's pid in the name keeps two processes writing one file apart, and lets
-/// `gc` tell the temp file of a write that was killed ([`temp_writer_pid`]) from one in progress.
+/// The temp file a write of `path` goes through ([`crate::state_file::temp_path`]), its
+/// directory made if missing.
 fn temp_path_beside(path: &Path) -> Result<PathBuf> {
     let dir = path.parent().expect("projection paths have a parent");
     std::fs::create_dir_all(dir)
         .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
-    Ok(dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("projection"),
-        std::process::id()
-    )))
-}
-
-/// The pid of the writer of a temp file named as [`temp_path_beside`] names them, or `None` for
-/// any other name.
-pub(crate) fn temp_writer_pid(file_name: &str) -> Option<u32> {
-    let rest = file_name.strip_prefix('.')?.strip_suffix(".tmp")?;
-    let (name, pid) = rest.rsplit_once('.')?;
-    if name.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    pid.parse().ok()
+    Ok(crate::state_file::temp_path(path))
 }
 
 /// Puts `tmp` in `path`'s place. On Linux the two are exchanged (`renameat2` with
@@ -228,33 +210,82 @@ pub(crate) fn temp_writer_pid(file_name: &str) -> Option<u32> {
 /// safeguard), and the next fsync of the database, a command later, then waits for that data
 /// (docs/benchmarks.md has what both cost).
 /// Where exchange is unsupported, or there is no old file, it is a plain rename.
+///
+/// Only a regular file or a symlink (whose target is left alone) is replaced. Anything else in
+/// the path's place (an operator's directory, a FIFO, a device) was put there by someone, so it
+/// is exchanged back and the write fails naming it: an exchange would otherwise move it to a
+/// temp name that `gc` deletes, and a plain rename refuses a directory but takes a FIFO's place.
 pub(super) fn replace(tmp: &Path, path: &Path) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
-        use std::ffi::CString;
-        use std::os::unix::ffi::OsStrExt;
-        let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
-        let (from, to) = (c(tmp)?, c(path)?);
-        // SAFETY: both arguments are valid NUL-terminated paths that outlive the call.
-        let rc = unsafe {
-            libc::renameat2(
-                libc::AT_FDCWD,
-                from.as_ptr(),
-                libc::AT_FDCWD,
-                to.as_ptr(),
-                libc::RENAME_EXCHANGE,
-            )
-        };
-        if rc == 0 {
-            return std::fs::remove_file(tmp);
-        }
-        let err = std::io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::ENOENT | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {}
-            _ => return Err(err),
+        match exchange(tmp, path) {
+            Ok(()) => {
+                let old = std::fs::symlink_metadata(tmp)?.file_type();
+                if old.is_file() || old.is_symlink() {
+                    return std::fs::remove_file(tmp);
+                }
+                exchange(tmp, path)?;
+                return Err(not_a_file_in_place(old));
+            }
+            Err(err) => match err.raw_os_error() {
+                Some(libc::ENOENT | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {}
+                _ => return Err(err),
+            },
         }
     }
-    std::fs::rename(tmp, path)
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.is_file() && !meta.file_type().is_symlink() => {
+            Err(not_a_file_in_place(meta.file_type()))
+        }
+        _ => std::fs::rename(tmp, path),
+    }
+}
+
+/// `renameat2(RENAME_EXCHANGE)`: swaps the two entries atomically.
+#[cfg(target_os = "linux")]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: both arguments are valid NUL-terminated paths that outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The failure to replace something that is not a file: `EISDIR` for a directory (exit 6, "a
+/// directory where a file belongs"), otherwise a name taken by a FIFO, socket or device.
+fn not_a_file_in_place(kind: std::fs::FileType) -> std::io::Error {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        return std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "a directory is in its place; move it aside and run `loopx refresh-state`",
+        );
+    }
+    let what = if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "a device"
+    };
+    std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("{what} is in its place; move it aside and run `loopx refresh-state`"),
+    )
 }
 
 /// Writes a file that must never change once written (run reports): refuses to replace a

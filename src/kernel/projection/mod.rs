@@ -29,11 +29,11 @@ mod markdown;
 mod quota_refresh;
 mod wire;
 
+pub(crate) use files::check_before_overwrite;
 use files::{
     PendingFile, ProjectionWriter, replace_json_projection, stamp_of, write_atomic_stat,
     write_json_projection, write_once,
 };
-pub(crate) use files::{check_before_overwrite, temp_writer_pid};
 pub use files::{check_json_projection, write_atomic};
 use markdown::{run_markdown, state_markdown, todo_markdown};
 pub use wire::goal_probe_json;
@@ -43,7 +43,7 @@ pub use wire::{EvidenceView, TodoView, evidence_json, goal_json, run_json, todo_
 
 use super::{Kernel, quota};
 use crate::clock::{Rfc3339, now_ms, rfc3339};
-use crate::error::Result;
+use crate::error::{LoopxError, Result};
 use crate::kernel::store::{
     CommitSeq, ProjectedTodo, ProjectionCacheTx, StoreRead, TodoLines, TodoOrder,
 };
@@ -452,6 +452,41 @@ impl Kernel {
             &self.paths().run_md(&run.goal_id, &run.id),
             run_markdown(run).as_bytes(),
         )
+    }
+
+    /// Writes whichever of a run's two report files is missing or empty (a process killed
+    /// between the two writes, or before its data reached the disk), leaving a present one as it
+    /// is; `true` when it wrote one. A retired month is left alone, as by [`write_run_report`].
+    ///
+    /// [`write_run_report`]: Kernel::write_run_report
+    pub(crate) fn restore_run_report(&self, run: &Run) -> Result<bool> {
+        let month = crate::clock::month_label(run.created_at);
+        if self.paths().retired_reports(&run.goal_id, &month).exists() {
+            return Ok(false);
+        }
+        let mut wrote = false;
+        for (path, render) in [
+            (
+                self.paths().run_json(&run.goal_id, &run.id),
+                (|run| pretty(&run_json(run))) as fn(&Run) -> Vec<u8>,
+            ),
+            (self.paths().run_md(&run.goal_id, &run.id), |run| {
+                run_markdown(run).into_bytes()
+            }),
+        ] {
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.len() > 0 || !meta.is_file() => continue,
+                Ok(_) => {
+                    std::fs::remove_file(&path).map_err(|e| {
+                        LoopxError::io(&path, format!("removing {}", path.display()), e)
+                    })?;
+                }
+                Err(_) => {}
+            }
+            write_once(&path, &render(run))?;
+            wrote = true;
+        }
+        Ok(wrote)
     }
 }
 

@@ -8,25 +8,53 @@ use super::*;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SqliteStore {
-    /// Creates the database (and runs migrations). Fails if it already exists.
+    /// Creates the database with its schema and opens it. The database is built whole under a
+    /// temp name ([`crate::state_file::temp_path`]) and linked into place, so a process killed
+    /// while creating it leaves no `loopx.db` (the next `init` starts again, `gc` removes the
+    /// litter), never an empty or half-made one that every command would have to call damage.
+    /// When another process linked its database first, that one is opened.
     pub fn create(path: &Path) -> Result<SqliteStore> {
+        let tmp = crate::state_file::temp_path(path);
+        let result = Self::build(&tmp).and_then(|()| match std::fs::hard_link(&tmp, path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(LoopxError::io(
+                path,
+                format!("linking the new database into place at {}", path.display()),
+                e,
+            )),
+        });
+        remove_database_files(&tmp);
+        result?;
+        sync_directory(path.parent().unwrap_or(Path::new("")))?;
+        let store = Self::open_read_write(path)?;
+        store.sync_directory()?;
+        Ok(store)
+    }
+
+    /// Makes a complete database at `tmp`: the schema migrated in WAL mode, then checkpointed
+    /// into the file (and synced by the checkpoint) so the file alone holds it.
+    fn build(tmp: &Path) -> Result<()> {
+        remove_database_files(tmp);
         let conn = Connection::open_with_flags(
-            path,
+            tmp,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
-        .map_err(|e| map_err(path, "creating the database", e))?;
+        .map_err(|e| map_err(tmp, "creating the database", e))?;
         conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| map_err(path, "enabling WAL", e))?;
+            .map_err(|e| map_err(tmp, "enabling WAL", e))?;
         let mut store = SqliteStore {
             conn,
-            path: path.to_path_buf(),
+            path: tmp.to_path_buf(),
         };
         store.configure()?;
         store.migrate()?;
-        store.sync_directory()?;
-        Ok(store)
+        store
+            .conn
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+            .map_err(|e| map_err(tmp, "writing the new database", e))
     }
 
     /// Opens an existing database. Never creates one: a missing file is `NotFound`, and an empty
@@ -321,6 +349,15 @@ pub(super) fn uri_path(path: &Path) -> String {
         }
     }
     out
+}
+
+/// Removes a database file and SQLite's companions of it, those that exist.
+fn remove_database_files(db: &Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut name = db.as_os_str().to_owned();
+        name.push(suffix);
+        let _ = std::fs::remove_file(name);
+    }
 }
 
 /// SQLite's write-ahead log beside the database at `db`.
