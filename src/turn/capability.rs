@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use super::result::{HostResult, HostStatus};
 use crate::kernel::Kernel;
 use crate::kernel::transition::Transition;
+use crate::plugin::error::PluginErrorKind;
 use crate::plugin::{CapabilityInput, PluginHost};
 
 /// The capability used when a todo names none.
@@ -108,6 +109,14 @@ pub fn capability_payload(
     .to_string()
 }
 
+/// Why a WebAssembly capability produced no proposals: the message, and the sandbox's failure
+/// kind when the sandbox produced it.
+#[derive(Debug, Clone)]
+pub struct CapabilityFailure {
+    pub message: String,
+    pub plugin_failure: Option<PluginErrorKind>,
+}
+
 /// Runs WebAssembly capability `name` (`<extension>/<capability>`) on the goal and returns its
 /// proposals with the call report. Reads the goal snapshot; writes nothing.
 pub fn wasm_proposals(
@@ -116,12 +125,19 @@ pub fn wasm_proposals(
     goal_id: &str,
     agent_id: &str,
     payload: String,
-) -> Result<(Vec<Transition>, Value), String> {
+) -> Result<(Vec<Transition>, Value), CapabilityFailure> {
     let host = PluginHost::for_project(kernel.paths());
-    let goal = crate::plugin::invoke::goal_view(kernel, goal_id).map_err(|e| e.to_string())?;
+    let goal =
+        crate::plugin::invoke::goal_view(kernel, goal_id).map_err(|e| CapabilityFailure {
+            message: e.to_string(),
+            plugin_failure: None,
+        })?;
     let (cap, providers) = host
         .load_capability(kernel, name)
-        .map_err(|e| format!("capability {name} could not be loaded: {e}"))?;
+        .map_err(|e| CapabilityFailure {
+            message: format!("capability {name} could not be loaded: {}", e.error),
+            plugin_failure: e.plugin_kind,
+        })?;
     let input = CapabilityInput {
         goal,
         agent_id: Some(agent_id.to_string()),
@@ -131,6 +147,9 @@ pub fn wasm_proposals(
     let call = serde_json::to_value(&call).unwrap_or(Value::Null);
     match result {
         Ok(p) => Ok((p, call)),
-        Err(e) => Err(format!("capability {name} failed ({}): {e}", e.kind())),
+        Err(e) => Err(CapabilityFailure {
+            message: format!("capability {name} failed ({}): {e}", e.kind()),
+            plugin_failure: Some(e.kind()),
+        }),
     }
 }

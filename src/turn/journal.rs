@@ -17,6 +17,7 @@ use super::{Phase, TurnResultKind};
 use crate::error::{LoopxError, Result};
 use crate::kernel::transition::{Transition, Verdict};
 use crate::model::{TodoStatus, TurnRecord};
+use crate::plugin::error::PluginErrorKind;
 
 pub const JOURNAL_SCHEMA: &str = "loopx.turn_journal.v1";
 
@@ -47,6 +48,11 @@ pub struct WritebackRecord {
     pub accepted: usize,
     pub refused: usize,
     pub error: Option<String>,
+    /// Which sandbox limit or fault stopped the capability, when one did (`fuel_exhausted`,
+    /// `deadline`, `memory_limit`, `trap`, `guest_error`, ...): a value to branch on, beside the
+    /// message in `error`. Absent from journal rows written before it existed.
+    #[serde(default)]
+    pub plugin_failure: Option<PluginErrorKind>,
     pub todo_status_after: Option<TodoStatus>,
     /// The plugin host's call report (WebAssembly capabilities only).
     pub call: Value,

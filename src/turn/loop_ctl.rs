@@ -709,6 +709,7 @@ mod tests {
             phases: Vec::new(),
             failed_phase: None,
             detail: String::new(),
+            plugin_failure: None,
             run_id: None,
             spent: false,
             lease: None,

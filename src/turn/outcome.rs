@@ -14,6 +14,7 @@ use crate::ids::validate_token;
 use crate::kernel::Kernel;
 use crate::kernel::decision::{Decision, TurnRoute};
 use crate::model::TurnRecord;
+use crate::plugin::error::PluginErrorKind;
 
 pub const OUTCOME_SCHEMA: &str = "loopx.turn_outcome.v1";
 
@@ -34,6 +35,9 @@ pub struct TurnOutcome {
     pub failed_phase: Option<Phase>,
     /// The host's summary, or what failed.
     pub detail: String,
+    /// Which sandbox limit or fault stopped the turn's capability, when one did (the same
+    /// spelling as `error.plugin_failure` of `capability invoke`).
+    pub plugin_failure: Option<PluginErrorKind>,
     pub run_id: Option<String>,
     pub spent: bool,
     pub lease: Option<String>,
@@ -74,6 +78,7 @@ impl TurnOutcome {
             phases: Vec::new(),
             failed_phase: None,
             detail: d.reason.clone(),
+            plugin_failure: None,
             run_id: None,
             spent: false,
             lease: None,
@@ -108,6 +113,7 @@ impl TurnOutcome {
             phases: rec.phases.clone(),
             failed_phase: data.failed_phase,
             detail,
+            plugin_failure: data.writeback.as_ref().and_then(|w| w.plugin_failure),
             run_id: data.run_id.clone(),
             spent: data.spend.is_some(),
             lease: data.lease.clone(),

@@ -85,7 +85,8 @@ pub(crate) fn writeback(
                 verdicts: Vec::new(),
                 accepted: 0,
                 refused: 0,
-                error: cap_error.clone(),
+                error: cap_error.as_ref().map(|e| e.message.clone()),
+                plugin_failure: cap_error.as_ref().and_then(|e| e.plugin_failure),
                 todo_status_after: None,
                 call,
             };
@@ -94,7 +95,7 @@ pub(crate) fn writeback(
                     d,
                     TurnResultKind::WritebackFailed,
                     Phase::DurableWriteback,
-                    e.clone(),
+                    e.message.clone(),
                 );
                 d.writeback = Some(wb);
                 return Ok(None);

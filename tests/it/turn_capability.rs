@@ -167,6 +167,22 @@ fn wasm_capability_failure_is_writeback_failed() {
         detail.contains("hostile/cap") && detail.contains("unknown command"),
         "{detail}"
     );
+    // The failure's kind is a field of the outcome and of the journal, not only prose.
+    assert_eq!(t["plugin_failure"], "guest_error", "{t}");
+    let key = t["turn_key"].as_str().unwrap();
+    let inspected = pp.json(&["turn", "inspect", "--turn-key", key]).to_string();
+    assert!(
+        inspected.contains(r#""plugin_failure":"guest_error""#),
+        "{inspected}"
+    );
+    // A sandbox limit: the payload makes the capability loop until its fuel runs out.
+    let looping = pp.script(
+        "looping.sh",
+        "cat >/dev/null\nprintf '{\"schema_version\":\"loopx.turn_result.v1\",\"status\":\"progress\",\"observations\":[{\"kind\":\"capability_payload\",\"data\":\"loop\"}]}'\n",
+    );
+    let v = pp.json(&turn_run("a1", &[], &[&looping]));
+    assert_eq!(v["turn"]["kind"], "writeback_failed", "{v}");
+    assert_eq!(v["turn"]["plugin_failure"], "fuel_exhausted", "{v}");
     let (todo, evidence) = pp.kernel.todo("g", "t1").unwrap();
     assert_eq!(todo.status.as_str(), "open");
     assert!(todo.claim.is_none());
