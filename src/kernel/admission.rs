@@ -7,6 +7,7 @@
 
 use serde_json::json;
 
+use super::decision::installed_capabilities;
 use super::todo::{NewTodo, add_evidence, authorize_write, complete_in_tx, insert_new_todo};
 use super::transition::{
     AdmissionReport, MAX_PROPOSAL_TEXT, MAX_PROPOSALS_PER_CALL, ProposalSource, TextField,
@@ -159,6 +160,19 @@ fn apply(
                     "add_todo may add task or monitor todos, not {kind}; use open_user_gate"
                 )));
             }
+            // A todo bound to a capability that is not there routes the goal to repair until an
+            // operator acts: binding one is the operator's decision (`todo add --capability`),
+            // never a proposal's.
+            if let Some(bound) = capability
+                && !bound.starts_with("builtin:")
+                && !installed_capabilities(tx)?.contains(bound)
+            {
+                return Ok(Err(format!(
+                    "capability {bound} is not installed and enabled; a proposal may bind a new \
+                     todo only to an installed capability (an operator binds others with `loopx \
+                     todo add --capability`)"
+                )));
+            }
             if let Some(existing) = id.as_deref().map(load).transpose()?.and_then(|r| r.ok()) {
                 return Ok(Ok((
                     format!("todo '{}' already exists; unchanged", existing.id),
@@ -304,6 +318,32 @@ fn apply(
     })
 }
 
+/// Why a batch from `source` may no longer be admitted, if it may not: its WebAssembly
+/// capability is no longer installed and enabled, or its extension is now another revision
+/// than the one that ran (an operator disabled, removed or upgraded it during the call).
+/// Read in the admitting transaction, so no operator change can slip between check and commit.
+fn withdrawn(tx: &dyn StoreTx, source: &ProposalSource) -> Result<Option<Refusal>> {
+    if source.capability.starts_with("builtin:") {
+        return Ok(None);
+    }
+    let name = &source.capability;
+    if !installed_capabilities(tx)?.contains(name) {
+        return Ok(Some(format!(
+            "capability {name} is no longer installed and enabled (an operator disabled or \
+             removed it while it ran); nothing it proposed is admitted"
+        )));
+    }
+    let extension = name.split_once('/').map_or(name.as_str(), |(ext, _)| ext);
+    let installed = tx.extension(extension)?.map(|e| e.revision);
+    match (source.revision, installed) {
+        (Some(ran), Some(now)) if ran != now => Ok(Some(format!(
+            "extension '{extension}' was upgraded or rolled back while {name} ran (revision \
+             {ran}, now {now}); nothing it proposed is admitted"
+        ))),
+        _ => Ok(None),
+    }
+}
+
 /// Admits a batch inside the caller's transaction (the turn driver commits it together with its
 /// journal phase). Writes state for accepted proposals but no run row.
 pub(crate) fn admit_in_tx(
@@ -314,6 +354,7 @@ pub(crate) fn admit_in_tx(
     now: i64,
 ) -> Result<AdmissionReport> {
     let goal = require_goal(tx, &source.goal_id)?;
+    let withdrawn = withdrawn(tx, source)?;
     let actor = Actor::Capability {
         capability: source.capability.clone(),
         agent_id: source.agent_id.clone(),
@@ -334,6 +375,8 @@ pub(crate) fn admit_in_tx(
             Err(format!(
                 "over the limit of {MAX_PROPOSALS_PER_CALL} proposals per call"
             ))
+        } else if let Some(why) = &withdrawn {
+            Err(why.clone())
         } else if goal.status != GoalStatus::Active {
             Err(format!(
                 "goal '{}' is {}; nothing is admitted",

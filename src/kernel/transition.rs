@@ -186,6 +186,12 @@ pub struct ProposalSource {
     pub capability: String,
     /// The turn the batch belongs to, when driven by the turn driver.
     pub turn_key: Option<String>,
+    /// The installed revision of the extension whose component made the batch, when it ran one:
+    /// admission takes the batch only while that revision is still installed and enabled, so an
+    /// operator's `extension disable`, `remove` or `upgrade` during the call voids what it
+    /// proposes. Absent from records written before it existed.
+    #[serde(default)]
+    pub revision: Option<i64>,
 }
 
 /// The kernel's decision on one proposal.

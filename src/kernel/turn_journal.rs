@@ -521,6 +521,7 @@ mod tests {
                         agent_id: Some("a1".into()),
                         capability: "builtin:default".into(),
                         turn_key: Some("turn-1".into()),
+                        revision: None,
                     },
                     proposals: Vec::new(),
                     monitor_observation: None,

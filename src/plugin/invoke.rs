@@ -105,6 +105,7 @@ pub fn invoke_capability(
         agent_id: agent_id.map(str::to_string),
         capability: name.to_string(),
         turn_key: None,
+        revision: cap.revision,
     };
     let admission = kernel
         .admit(&source, &proposals, dry_run)

@@ -579,6 +579,7 @@ impl PluginHost {
             grants,
             p.uses.clone(),
         )
+        .map(|loaded| loaded.of_revision(rec.revision))
     }
 
     /// Refuses `fs.*` grants whose directory contains, or lies inside, `.loopx/` or the component
@@ -590,6 +591,19 @@ impl PluginHost {
         for g in grants {
             let Some(dir) = &g.host_path else { continue };
             let dir = canonical_prefix(dir);
+            if let Some(what) = kernel_filesystem(&dir) {
+                return Err(PluginError::BadRequest {
+                    detail: format!(
+                        "grant {} refused: {} is {what}, which exposes processes, devices or \
+                         kernel state as files (a provider could read this process's \
+                         environment or memory map through /proc/self); grant an ordinary \
+                         directory holding only what the provider needs, with `--grant` on \
+                         `extension install` or `upgrade`",
+                        g.render(),
+                        dir.display()
+                    ),
+                });
+            }
             for p in &protected {
                 let relation = if dir.starts_with(p) {
                     "lies inside"
@@ -654,6 +668,40 @@ impl PluginHost {
 
 /// `path` with symlinks resolved: the canonical form of its longest existing ancestor followed by
 /// the components that do not exist yet (the cache directory is created on first compile).
+/// What kind of kernel filesystem `dir` (canonical) lies on, if it is one: the pseudo
+/// filesystems that show processes and kernel state as files, and the device tree, whose
+/// `devtmpfs` cannot be told from an ordinary `tmpfs` by its type and is named by its path.
+fn kernel_filesystem(dir: &Path) -> Option<&'static str> {
+    use std::os::unix::ffi::OsStrExt;
+    if dir.starts_with("/dev") {
+        return Some("the device tree (/dev)");
+    }
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: an all-zero `statfs` is a valid value of the plain C struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid NUL-terminated path and a pointer to a `statfs` we own.
+    if unsafe { libc::statfs(path.as_ptr(), &mut st) } != 0 {
+        // Nothing there yet: the grant's own checks report a missing directory.
+        return None;
+    }
+    const KERNEL_FILESYSTEMS: [(libc::c_long, &str); 10] = [
+        (libc::PROC_SUPER_MAGIC, "procfs"),
+        (libc::SYSFS_MAGIC, "sysfs"),
+        (libc::DEBUGFS_MAGIC, "debugfs"),
+        (libc::TRACEFS_MAGIC, "tracefs"),
+        (libc::SECURITYFS_MAGIC, "securityfs"),
+        (libc::CGROUP_SUPER_MAGIC, "cgroupfs"),
+        (libc::CGROUP2_SUPER_MAGIC, "cgroup2fs"),
+        (libc::DEVPTS_SUPER_MAGIC, "devpts"),
+        (libc::BPF_FS_MAGIC, "bpffs"),
+        (libc::SELINUX_MAGIC, "selinuxfs"),
+    ];
+    KERNEL_FILESYSTEMS
+        .iter()
+        .find(|(magic, _)| st.f_type as i64 == *magic as i64)
+        .map(|(_, name)| *name)
+}
+
 fn canonical_prefix(path: &Path) -> PathBuf {
     let mut rest: Vec<std::ffi::OsString> = Vec::new();
     let mut cur = path.to_path_buf();

@@ -263,6 +263,9 @@ pub struct LoadedPlugin {
     pub uses: Vec<String>,
     /// The component's import names, as audited.
     pub imports: Vec<String>,
+    /// The installed extension revision it was loaded from (`None` for a component loaded
+    /// outside the registry).
+    pub revision: Option<i64>,
     grants: Vec<Grant>,
     engine: Engine,
     pre: Pre,
@@ -449,10 +452,17 @@ impl LoadedPlugin {
             limits,
             uses,
             imports,
+            revision: None,
             grants,
             engine: engine.clone(),
             pre,
         })
+    }
+
+    /// The same component, recorded as loaded from installed revision `revision`.
+    pub(crate) fn of_revision(mut self, revision: i64) -> LoadedPlugin {
+        self.revision = Some(revision);
+        self
     }
 
     fn call_limits(&self) -> CallLimits {

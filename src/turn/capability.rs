@@ -117,6 +117,14 @@ pub struct CapabilityFailure {
     pub plugin_failure: Option<PluginErrorKind>,
 }
 
+/// What a WebAssembly capability proposed: the batch, the call report, and the installed
+/// revision that made it (for [`crate::kernel::transition::ProposalSource::revision`]).
+pub struct CapabilityProposals {
+    pub proposals: Vec<Transition>,
+    pub call: Value,
+    pub revision: Option<i64>,
+}
+
 /// Runs WebAssembly capability `name` (`<extension>/<capability>`) on the goal and returns its
 /// proposals with the call report. Reads the goal snapshot; writes nothing.
 pub fn wasm_proposals(
@@ -125,7 +133,7 @@ pub fn wasm_proposals(
     goal_id: &str,
     agent_id: &str,
     payload: String,
-) -> Result<(Vec<Transition>, Value), CapabilityFailure> {
+) -> Result<CapabilityProposals, CapabilityFailure> {
     let host = PluginHost::for_project(kernel.paths());
     let goal =
         crate::plugin::invoke::goal_view(kernel, goal_id).map_err(|e| CapabilityFailure {
@@ -146,7 +154,11 @@ pub fn wasm_proposals(
     let (result, call) = cap.propose(&input, providers);
     let call = serde_json::to_value(&call).unwrap_or(Value::Null);
     match result {
-        Ok(p) => Ok((p, call)),
+        Ok(proposals) => Ok(CapabilityProposals {
+            proposals,
+            call,
+            revision: cap.revision,
+        }),
         Err(e) => Err(CapabilityFailure {
             message: format!("capability {name} failed ({}): {e}", e.kind()),
             plugin_failure: Some(e.kind()),

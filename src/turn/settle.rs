@@ -37,10 +37,11 @@ pub(crate) fn writeback(
         .validation
         .as_ref()
         .is_some_and(|v| v.completion_validated);
-    let (proposals, call, cap_error) = if data.capability == BUILTIN {
+    let (proposals, call, revision, cap_error) = if data.capability == BUILTIN {
         (
             builtin_proposals(&todo_id, &rec.agent_id, &result, completion_validated),
             Value::Null,
+            None,
             None,
         )
     } else {
@@ -52,8 +53,8 @@ pub(crate) fn writeback(
             &rec.agent_id,
             payload,
         ) {
-            Ok((p, call)) => (p, call, None),
-            Err(e) => (Vec::new(), Value::Null, Some(e)),
+            Ok(made) => (made.proposals, made.call, made.revision, None),
+            Err(e) => (Vec::new(), Value::Null, None, Some(e)),
         }
     };
     let effect = match &cap_error {
@@ -64,6 +65,7 @@ pub(crate) fn writeback(
                 agent_id: Some(rec.agent_id.clone()),
                 capability: data.capability.clone(),
                 turn_key: Some(rec.turn_key.clone()),
+                revision,
             },
             proposals: proposals.clone(),
             monitor_observation: result.monitor_observation.clone(),

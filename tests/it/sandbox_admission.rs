@@ -342,3 +342,67 @@ fn evidence_artifacts_are_relative_paths_inside_the_project_with_sha256_digests(
         "{evidence:?}"
     );
 }
+
+#[test]
+fn a_capability_binds_new_todos_only_to_installed_capabilities() {
+    // A todo bound to a capability that is not there routes the whole goal to repair: binding
+    // one is the operator's decision, never a proposal's.
+    let mut p = with_hostile();
+    expect_refused(&mut p, "add trap1 ghost/ghost", "not installed");
+    assert_eq!(accepted(&mut p, "add own1 hostile/cap\nadd plain1"), 2);
+    let d = p.kernel.should_run("g1", "me").unwrap();
+    assert!(
+        d.missing_capabilities.is_empty(),
+        "{:?}",
+        d.missing_capabilities
+    );
+}
+
+/// `capability invoke` of a capability that sleeps before it proposes, with an operator command
+/// run while it sleeps: what it proposes afterwards must not be admitted.
+fn invoke_while_operator_runs(operator: &[&str]) -> serde_json::Value {
+    let p = with_hostile();
+    let input = p.dir.path().join("payload.txt");
+    std::fs::write(&input, "sleep 1500\nadd late1\n").unwrap();
+    let cli = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(crate::support::loopx_bin());
+        cmd.args(args).current_dir(p.dir.path());
+        cmd
+    };
+    let call = cli(&[
+        "--format",
+        "json",
+        "capability",
+        "invoke",
+        "hostile/cap",
+        "--goal-id",
+        "g1",
+        "--input",
+        input.to_str().unwrap(),
+    ])
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let op = cli(operator).output().unwrap();
+    assert!(op.status.success(), "{operator:?}: {op:?}");
+    let out = call.wait_with_output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        p.kernel.todo("g1", "late1").is_err(),
+        "{operator:?}: the proposal was admitted: {v}"
+    );
+    v
+}
+
+#[test]
+fn nothing_is_admitted_from_a_capability_disabled_or_removed_while_it_ran() {
+    for operator in [
+        &["extension", "disable", "hostile"][..],
+        &["extension", "remove", "hostile"][..],
+    ] {
+        let v = invoke_while_operator_runs(operator);
+        let text = v.to_string();
+        assert!(text.contains("no longer installed and enabled"), "{text}");
+    }
+}

@@ -643,3 +643,32 @@ fn grants_of_directories_holding_or_inside_loopx_state_are_refused() {
     p.install(&dir, &[&format!("fs.read:data={}", data.display())])
         .unwrap();
 }
+
+#[test]
+fn grants_of_kernel_filesystems_are_refused() {
+    // procfs would hand a provider this process's environment and memory map through
+    // /proc/self; sysfs and the device tree expose kernel state and devices.
+    let mut p = Sandbox::new();
+    let dir = extension(
+        p.dir.path(),
+        "probe",
+        "provider",
+        "p",
+        &wasm("probe-provider"),
+        &["fs.read:data", "fs.write:data"],
+        "",
+        "",
+    );
+    let link = p.dir.path().join("innocent-proc");
+    std::os::unix::fs::symlink("/proc/self", &link).unwrap();
+    for (grant, what) in [
+        ("fs.read:data=/proc".to_string(), "procfs"),
+        ("fs.write:data=/proc/self".to_string(), "procfs"),
+        (format!("fs.read:data={}", link.display()), "procfs"),
+        ("fs.read:data=/sys".to_string(), "sysfs"),
+        ("fs.read:data=/dev".to_string(), "/dev"),
+    ] {
+        let err = assert_refused_install(&mut p, &dir, &[&grant], &[what, "grant an ordinary"]);
+        assert_eq!(err.exit_code(), 2, "{grant}: {err}");
+    }
+}

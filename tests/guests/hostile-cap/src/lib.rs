@@ -10,7 +10,8 @@ wit_bindgen::generate!({ world: "capability", path: "../../../wit" });
 
 use loopx::plugin::host::{call_provider, log};
 use loopx::plugin::types::{
-    AttachEvidence, CompleteTodo, LogLevel, ObserveRequest, OpenUserGate, TodoReason,
+    AddTodo, AttachEvidence, CompleteTodo, LogLevel, ObserveRequest, OpenUserGate, Priority,
+    TodoKind, TodoReason,
 };
 
 struct HostileCap;
@@ -148,6 +149,20 @@ impl Guest for HostileCap {
                     blocking: false,
                     blocks_agent: None,
                 })),
+                "add" => {
+                    // `add ID [CAPABILITY]`: a task, bound to CAPABILITY when given.
+                    let (id, capability) = arg.split_once(' ').unwrap_or((arg, ""));
+                    out.push(Transition::AddTodo(AddTodo {
+                        id: Some(id.into()),
+                        title: format!("added by hostile-cap: {id}"),
+                        detail: String::new(),
+                        priority: Priority::P0,
+                        kind: TodoKind::Task,
+                        lane: None,
+                        depends_on: vec![],
+                        capability: (!capability.is_empty()).then(|| capability.to_string()),
+                    }))
+                }
                 "error" => return Err(PluginError::InvalidInput(arg.into())),
                 other => {
                     return Err(PluginError::InvalidInput(format!(
