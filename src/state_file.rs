@@ -21,6 +21,52 @@ pub fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
+/// Whether a process with this pid exists (it may not be the writer: a reused pid keeps the file
+/// until a later `gc`, which errs on the side of keeping).
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 checks for the process's existence and sends nothing.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Removes the temp files of earlier writes of `path` (named by [`temp_path`], with SQLite's
+/// companions) whose writers are gone: what a killed write left beside a file outside `.loopx/`,
+/// where `gc` does not look. Best effort: a file that cannot be removed stays.
+pub fn remove_stale_temps(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!(".{name}.");
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        if file_name.starts_with(&prefix)
+            && let Some(pid) = temp_writer_pid(file_name)
+            && pid != std::process::id()
+            && !process_alive(pid)
+            && entry.file_type().is_ok_and(|t| t.is_file())
+        {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// The pid of the writer of a temp file named by [`temp_path`], or `None` for any other name.
 /// SQLite's companions of a temp database (`-wal`, `-shm`, `-journal`) count as its own.
 pub fn temp_writer_pid(file_name: &str) -> Option<u32> {

@@ -50,7 +50,17 @@ pub(crate) fn read_input(ctx: &Context, path: &std::path::Path) -> Result<String
         std::fs::File::open(&p).and_then(|f| f.take(MAX + 1).read_to_string(&mut text))
     };
     read.map_err(|e| {
-        crate::error::bad_input(format!("cannot read --input {}: {e}", path.display()))
+        let what = format!("cannot read --input {}: {e}", path.display());
+        match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                crate::error::not_found(format!("{what}; pass an existing file, or - for stdin"))
+            }
+            _ if crate::error::is_environmental(&e) => {
+                crate::error::LoopxError::io(path, format!("reading --input {}", path.display()), e)
+            }
+            // Not UTF-8, or a directory: the input itself is wrong.
+            _ => crate::error::bad_input(what),
+        }
     })?;
     if text.len() as u64 > MAX {
         return Err(crate::error::bad_input(format!(

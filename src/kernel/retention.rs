@@ -504,7 +504,7 @@ fn stale_temp_files(dir: &std::path::Path, out: &mut Vec<StaleTempFile>) {
             .ok()
             .and_then(|m| m.elapsed().ok())
             .is_some_and(|age| age.as_millis() >= STALE_TEMP_AGE_MS);
-        if kind.is_file() && old && !process_alive(pid) {
+        if kind.is_file() && old && !crate::state_file::process_alive(pid) {
             out.push(StaleTempFile {
                 path,
                 writer_pid: pid,
@@ -512,20 +512,6 @@ fn stale_temp_files(dir: &std::path::Path, out: &mut Vec<StaleTempFile>) {
             });
         }
     }
-}
-
-/// Whether a process with this pid exists (it may not be the writer: a reused pid keeps the file
-/// until a later `gc`, which errs on the side of keeping).
-fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 checks for the process's existence and sends nothing.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// The payload a run keeps once `gc` dropped it: says so, so a reader of `history` knows the

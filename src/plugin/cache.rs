@@ -145,12 +145,12 @@ impl ComponentCache {
         let bytes = match read_artifact(&path) {
             Ok(Some(b)) => b,
             Ok(None) => return Ok(None),
-            Err(actual) => {
+            Err(reason) => {
                 return Err(PluginError::Tampered {
                     plugin: plugin.to_string(),
                     path,
                     expected: recorded.to_string(),
-                    actual,
+                    found: format!("is {reason}"),
                 });
             }
         };
@@ -160,7 +160,7 @@ impl ComponentCache {
                 plugin: plugin.to_string(),
                 path,
                 expected: recorded.to_string(),
-                actual,
+                found: format!("has sha256 {actual}"),
             });
         }
         // SAFETY: these exact bytes (read once into memory, hashed, and deserialized from the same

@@ -73,13 +73,14 @@ pub enum PluginError {
     GuestError { plugin: String, detail: String },
     /// The installed component or its compiled artifact no longer matches the recorded hash.
     #[error(
-        "plugin {plugin} is tampered: {path} has sha256 {actual}, the registry records {expected}; nothing was loaded. Reinstall the extension (`loopx extension upgrade DIR`), or delete a damaged .cwasm to have it recompiled from the verified component; `loopx doctor` lists every damaged file"
+        "plugin {plugin} is tampered: {path} {found}, but the registry records sha256 {expected}; nothing was loaded. Reinstall the extension (`loopx extension upgrade DIR`), or delete a damaged .cwasm to have it recompiled from the verified component; `loopx doctor` lists every damaged file"
     )]
     Tampered {
         plugin: String,
         path: PathBuf,
         expected: String,
-        actual: String,
+        /// What is there instead: `has sha256 <hex>`, `is missing`, `is not a regular file`, ...
+        found: String,
     },
     /// The component imports something the operator did not grant (or no permission can grant).
     #[error("plugin {plugin} imports {import}, which is not granted: {reason}")]

@@ -636,6 +636,16 @@ impl Manifest {
                 }
             }
         }
+        // Only providers read through grants: a permission on an extension without one would be
+        // recorded and shown as granted while nothing could ever use it.
+        if !self.permissions.is_empty() && !self.provides.iter().any(|p| p.kind == Kind::Provider) {
+            return Err(PluginError::manifest(
+                who,
+                "declares permissions but provides no provider: capabilities cannot hold \
+                 permissions (they call providers, which read through grants); remove \
+                 `permissions` or add the provider that needs them",
+            ));
+        }
         Ok(())
     }
 
@@ -767,6 +777,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("`version`"), "{err}");
+    }
+
+    #[test]
+    fn permissions_need_a_provider() {
+        let text = format!(
+            "permissions = [\"fs.read:data\"]\n{}",
+            manifest_with("caps", "0.1.0", "^0.1")
+        );
+        let err = Manifest::parse(&text, "t").unwrap_err();
+        assert!(err.to_string().contains("provides no provider"), "{err}");
     }
 
     #[test]

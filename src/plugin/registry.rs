@@ -531,20 +531,20 @@ impl PluginHost {
             })?
             .to_string();
         let path = Path::new(&rec.install_dir).join(format!("{provides_id}.wasm"));
-        let tampered = |actual: String| PluginError::Tampered {
+        let tampered = |found: String| PluginError::Tampered {
             plugin: label.clone(),
             path: path.clone(),
             expected: expected.clone(),
-            actual,
+            found,
         };
         let wasm = match read_artifact(&path) {
             Ok(Some(bytes)) => bytes,
-            Ok(None) => return Err(tampered("missing".to_string())),
-            Err(reason) => return Err(tampered(reason)),
+            Ok(None) => return Err(tampered("is missing".to_string())),
+            Err(reason) => return Err(tampered(format!("is {reason}"))),
         };
         let actual = sha256_hex(&wasm);
         if actual != expected {
-            return Err(tampered(actual));
+            return Err(tampered(format!("has sha256 {actual}")));
         }
         let key = self.cache.engine_key().to_string();
         let record = kernel

@@ -83,6 +83,18 @@ fn first_party_extensions_through_the_cli() {
     p.run(&["goal", "create", "--id", "g1", "--title", "Fix the tests"])
         .ok();
     std::fs::write(d.join("fix.txt"), "issue = a::b fails\n").unwrap();
+    // An input file that is not there is exit 3, as every missing thing is.
+    let r = p.run(&[
+        "capability",
+        "invoke",
+        "issue-fix/issue-fix",
+        "--goal-id",
+        "g1",
+        "--input",
+        "no-such-input.txt",
+    ]);
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(r.stderr.contains("no-such-input.txt"), "{}", r.stderr);
     let before = todo_list(&p, "g1");
     let dry = p
         .run(&[

@@ -14,11 +14,9 @@ impl SqliteStore {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let tmp = dir.join(format!(
-            ".{}.{}.backup-tmp",
-            dest.file_name().and_then(|n| n.to_str()).unwrap_or("loopx"),
-            std::process::id()
-        ));
+        // A killed backup's copy sits beside the destination, out of `gc`'s reach.
+        crate::state_file::remove_stale_temps(dest);
+        let tmp = crate::state_file::temp_path(dest);
         let _ = std::fs::remove_file(&tmp);
         let result = self.backup_into(&tmp).and_then(|pages| {
             // Never over an existing file, even one created after the caller looked.

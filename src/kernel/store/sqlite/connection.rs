@@ -14,6 +14,7 @@ impl SqliteStore {
     /// litter), never an empty or half-made one that every command would have to call damage.
     /// When another process linked its database first, that one is opened.
     pub fn create(path: &Path) -> Result<SqliteStore> {
+        crate::state_file::remove_stale_temps(path);
         let tmp = crate::state_file::temp_path(path);
         let result = Self::build(&tmp).and_then(|()| match std::fs::hard_link(&tmp, path) {
             Ok(()) => Ok(()),
