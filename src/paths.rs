@@ -236,8 +236,8 @@ pub fn run_month(run_id: &str) -> Option<String> {
 pub fn working_directory() -> Result<PathBuf> {
     std::env::current_dir().map_err(|source| LoopxError::Io {
         path: PathBuf::new(),
-        context: "reading the working directory (deleted or unreadable); cd to an existing \
-                  directory, or pass an absolute --root"
+        context: "reading the working directory (deleted or unreadable); change to an existing \
+                  directory, or name the project's root by an absolute path"
             .into(),
         source,
     })

@@ -169,8 +169,8 @@ fn apply(
             {
                 return Ok(Err(format!(
                     "capability {bound} is not installed and enabled; a proposal may bind a new \
-                     todo only to an installed capability (an operator binds others with `loopx \
-                     todo add --capability`)"
+                     todo only to an installed capability (only an operator binds one that is \
+                     not installed yet)"
                 )));
             }
             if let Some(existing) = id.as_deref().map(load).transpose()?.and_then(|r| r.ok()) {

@@ -944,5 +944,5 @@ fn a_deleted_working_directory_needs_only_an_absolute_root() {
     assert_eq!(r.code, 6, "{} {}", r.stdout, r.stderr);
     assert!(r.stdout.contains("\"io\""), "{}", r.stdout);
     assert!(r.stdout.contains("working directory"), "{}", r.stdout);
-    assert!(r.stdout.contains("--root"), "{}", r.stdout);
+    assert!(r.stdout.contains("absolute path"), "{}", r.stdout);
 }

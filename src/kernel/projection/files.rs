@@ -272,7 +272,8 @@ fn not_a_file_in_place(kind: std::fs::FileType) -> std::io::Error {
     if kind.is_dir() {
         return std::io::Error::new(
             std::io::ErrorKind::IsADirectory,
-            "a directory is in its place; move it aside and run `loopx refresh-state`",
+            "a directory is in its place; move it aside, and the next write of the projection \
+             puts the file back",
         );
     }
     let what = if kind.is_fifo() {
@@ -284,7 +285,10 @@ fn not_a_file_in_place(kind: std::fs::FileType) -> std::io::Error {
     };
     std::io::Error::new(
         std::io::ErrorKind::AlreadyExists,
-        format!("{what} is in its place; move it aside and run `loopx refresh-state`"),
+        format!(
+            "{what} is in its place; move it aside, and the next write of the projection puts \
+             the file back"
+        ),
     )
 }
 
