@@ -698,7 +698,7 @@ fn kernel_filesystem(dir: &Path) -> Option<&'static str> {
     ];
     KERNEL_FILESYSTEMS
         .iter()
-        .find(|(magic, _)| st.f_type as i64 == *magic as i64)
+        .find(|(magic, _)| st.f_type == *magic)
         .map(|(_, name)| *name)
 }
 
