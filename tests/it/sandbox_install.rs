@@ -608,10 +608,9 @@ fn deleted_artifact_is_recompiled_from_the_verified_component_and_recorded() {
     assert_eq!(bytes, installed, "a recompile produced different bytes");
 }
 
-#[test]
-fn grants_of_directories_holding_or_inside_loopx_state_are_refused() {
-    let mut p = Sandbox::new();
-    let dir = extension(
+/// The probe provider, declaring `fs.read:data` and `fs.write:data`, ready to install.
+fn probe_provider_reading_data(p: &Sandbox) -> std::path::PathBuf {
+    extension(
         p.dir.path(),
         "probe",
         "provider",
@@ -620,7 +619,13 @@ fn grants_of_directories_holding_or_inside_loopx_state_are_refused() {
         &["fs.read:data", "fs.write:data"],
         "",
         "",
-    );
+    )
+}
+
+#[test]
+fn grants_of_directories_holding_or_inside_loopx_state_are_refused() {
+    let mut p = Sandbox::new();
+    let dir = probe_provider_reading_data(&p);
     let root = p.dir.path().to_path_buf();
     let cache = p.paths().component_cache_dir();
     std::fs::create_dir_all(&cache).unwrap();
@@ -649,16 +654,7 @@ fn grants_of_kernel_filesystems_are_refused() {
     // procfs would hand a provider this process's environment and memory map through
     // /proc/self; sysfs and the device tree expose kernel state and devices.
     let mut p = Sandbox::new();
-    let dir = extension(
-        p.dir.path(),
-        "probe",
-        "provider",
-        "p",
-        &wasm("probe-provider"),
-        &["fs.read:data", "fs.write:data"],
-        "",
-        "",
-    );
+    let dir = probe_provider_reading_data(&p);
     let link = p.dir.path().join("innocent-proc");
     std::os::unix::fs::symlink("/proc/self", &link).unwrap();
     for (grant, what) in [
