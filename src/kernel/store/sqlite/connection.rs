@@ -16,15 +16,16 @@ impl SqliteStore {
     pub fn create(path: &Path) -> Result<SqliteStore> {
         crate::state_file::remove_stale_temps(path);
         let tmp = crate::state_file::temp_path(path);
-        let result = Self::build(&tmp).and_then(|()| match std::fs::hard_link(&tmp, path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(LoopxError::io(
-                path,
-                format!("linking the new database into place at {}", path.display()),
-                e,
-            )),
-        });
+        let result =
+            Self::build(&tmp).and_then(|()| match super::backup::link_no_replace(&tmp, path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+                Err(e) => Err(LoopxError::io(
+                    path,
+                    format!("linking the new database into place at {}", path.display()),
+                    e,
+                )),
+            });
         remove_database_files(&tmp);
         result?;
         sync_directory(path.parent().unwrap_or(Path::new("")))?;
