@@ -51,7 +51,8 @@ fn schedule_fields_message(prefix: String, fields: &[Param], suffix: &str) -> Me
     Message::from_parts(parts)
 }
 use crate::model::{
-    CheckResult, Monitor, MonitorFollowUp, Priority, ProbeSpec, Todo, TodoKind, TodoStatus,
+    CheckResult, GoalStatus, Monitor, MonitorFollowUp, Priority, ProbeSpec, Todo, TodoKind,
+    TodoStatus,
 };
 
 /// Most quiet checks `--max-no-change` may allow before backoff.
@@ -174,6 +175,14 @@ pub fn classify(last_digest: Option<&str>, observation: &str) -> (CheckResult, S
     (result, d)
 }
 
+/// Whether a monitor whose todo has `status` may have a check run: open, or claimed (the claim
+/// itself is judged apart). A blocked monitor waits for its repair and a deferred one for its
+/// resume time; a check scheduled for either would be handed to an agent whose claim is then
+/// refused, stopping every turn on the goal.
+fn checkable(status: TodoStatus) -> bool {
+    matches!(status, TodoStatus::Open | TodoStatus::Claimed)
+}
+
 /// Reads the goal's monitor schedule at `now`. Visits monitors by stored due time and stops once
 /// no later one can be due earlier than the best found (a monitor's due time is never before its
 /// stored one), so a goal with many quiet monitors reads a few rows.
@@ -193,7 +202,7 @@ pub(crate) fn schedule_in_tx(tx: &dyn StoreRead, goal_id: &str, now: i64) -> Res
         if stored > now && view.next_due_at.is_some_and(|n| stored >= n) {
             return Ok(false);
         }
-        if m.monitor.expired(now) {
+        if m.monitor.expired(now) || !checkable(m.todo_status) {
             return Ok(true);
         }
         let claimed =
@@ -648,9 +657,11 @@ impl Kernel {
         validate_token("heartbeat id", holder)?;
         self.write(|tx| {
             let now = now_ms();
+            let goal = require_goal(tx, goal_id)?;
             let (todo, mut m) = require_monitor(tx, goal_id, todo_id)?;
             let live_claim = todo.live_claim(now).is_some();
-            if todo.status.is_terminal()
+            if goal.status != GoalStatus::Active
+                || !checkable(todo.status)
                 || m.expired(now)
                 || live_claim
                 || m.due_at(todo.last_fence, todo.updated_at) > now
@@ -686,16 +697,24 @@ impl Kernel {
         })
     }
 
-    /// Provider-backed monitors of the goal that are due now, earliest first.
+    /// Provider-backed monitors of the goal that are due now, earliest first; none while the
+    /// goal is paused or closed.
     pub fn due_probe_monitors(&self, goal_id: &str) -> Result<Vec<Monitor>> {
         self.read(|tx| {
             let now = now_ms();
             let mut out = Vec::new();
+            if require_goal(tx, goal_id)?.status != GoalStatus::Active {
+                return Ok(out);
+            }
             tx.visit_active_monitors(goal_id, &mut |m| {
                 if m.monitor.next_due_at > now {
                     return Ok(false);
                 }
-                if m.monitor.probe.is_some() && !m.monitor.expired(now) && m.due_at() <= now {
+                if m.monitor.probe.is_some()
+                    && !m.monitor.expired(now)
+                    && checkable(m.todo_status)
+                    && m.due_at() <= now
+                {
                     out.push(m.monitor.clone());
                 }
                 Ok(true)
@@ -760,9 +779,9 @@ fn sweep_candidates(tx: &dyn StoreRead, goal_id: &str, now: i64) -> Result<Sweep
 }
 
 /// The schedule half of `todo update` (inside its transaction, after the todo's own changes):
-/// `--until` ends a monitor or, on a deferred todo, sets when it resumes; the monitor flags change
-/// the schedule; a todo leaving `deferred` loses its resume time. Returns whether it changed
-/// anything.
+/// on a deferred todo (a monitor too) `--until` sets when it resumes; otherwise it ends a
+/// monitor; the monitor flags change the schedule; a todo leaving `deferred` loses its resume
+/// time. Returns whether it changed anything.
 pub(crate) fn apply_update_in_tx(
     tx: &dyn StoreTx,
     todo: &Todo,
@@ -776,16 +795,18 @@ pub(crate) fn apply_update_in_tx(
     }
     let scheduled =
         todo.kind == TodoKind::Monitor && tx.monitor(&todo.goal_id, &todo.id)?.is_some();
-    if scheduled {
-        let mut patch = patch.clone();
+    let deferred = todo.status == TodoStatus::Deferred;
+    let mut patch = patch.clone();
+    if scheduled && !deferred {
         patch.until_at = patch.until_at.or(until_at);
-        return Ok(apply_patch_in_tx(tx, todo, &patch, now)?.is_some());
     }
-    if !patch.is_empty() {
-        apply_patch_in_tx(tx, todo, patch, now)?;
-    }
+    let mut changed = if scheduled || !patch.is_empty() {
+        apply_patch_in_tx(tx, todo, &patch, now)?.is_some()
+    } else {
+        false
+    };
     match until_at {
-        Some(at) if todo.status == TodoStatus::Deferred => {
+        Some(at) if deferred => {
             if at <= now {
                 return Err(bad_input(msg![
                     Param::Until,
@@ -796,23 +817,24 @@ pub(crate) fn apply_update_in_tx(
                 ]));
             }
             tx.set_deferral(&todo.goal_id, &todo.id, Some(at))?;
-            Ok(true)
+            changed = true;
         }
-        Some(_) => Err(bad_input(msg![
-            Param::Until,
-            format!(
-                " applies to a monitor (when it ends) or a deferred todo (when it resumes); \
-                 todo '{}' is {}: set its status to deferred with it",
-                todo.id, todo.status
-            )
-        ])),
-        None if status_changed && todo.status != TodoStatus::Deferred => {
-            if tx.deferral(&todo.goal_id, &todo.id)?.is_some() {
-                tx.set_deferral(&todo.goal_id, &todo.id, None)?;
-                return Ok(true);
-            }
-            Ok(false)
+        Some(_) if scheduled => {}
+        Some(_) => {
+            return Err(bad_input(msg![
+                Param::Until,
+                format!(
+                    " applies to a monitor (when it ends) or a deferred todo (when it resumes); \
+                     todo '{}' is {}: set its status to deferred with it",
+                    todo.id, todo.status
+                )
+            ]));
         }
-        None => Ok(false),
+        None if status_changed && !deferred && tx.deferral(&todo.goal_id, &todo.id)?.is_some() => {
+            tx.set_deferral(&todo.goal_id, &todo.id, None)?;
+            changed = true;
+        }
+        None => {}
     }
+    Ok(changed)
 }

@@ -839,3 +839,106 @@ fi
         "the digest stays"
     );
 }
+
+fn add(p: &Project, args: &[&str]) {
+    let mut full = vec!["todo", "add", "--goal-id", "g"];
+    full.extend_from_slice(args);
+    p.ok(&full);
+}
+
+fn update(p: &Project, todo: &str, args: &[&str]) {
+    let mut full = vec!["todo", "update", "--goal-id", "g", "--todo-id", todo];
+    full.extend_from_slice(args);
+    p.ok(&full);
+}
+
+/// A monitor that is blocked (a check's turn asked for repair) or deferred has no check due:
+/// handing it to an agent, whose claim is then refused, stopped every turn on the goal.
+#[test]
+fn a_blocked_or_deferred_monitor_stops_no_other_work() {
+    let p = project();
+    freeze(&p, T0);
+    add(
+        &p,
+        &[
+            "--id", "m", "--kind", "monitor", "--every", "1h", "--title", "watch",
+        ],
+    );
+    add(&p, &["--id", "k", "--title", "[P0] ordinary work"]);
+    for status in [
+        &["--status", "blocked", "--reason", "needs repair"][..],
+        &["--status", "deferred"][..],
+    ] {
+        update(&p, "m", status);
+        let d = should_run(&p);
+        assert_eq!(d["route"], "ready_for_host", "{d}");
+        assert_eq!(d["selected_todo"]["id"], "k", "{status:?}: {d}");
+        let beat = p.run(&once_argv(
+            "a",
+            &["--max-turns", "1", "--trust-host-completion"],
+            "true",
+        ));
+        assert_eq!(beat.code, 0, "{status:?}: {} {}", beat.stdout, beat.stderr);
+        update(&p, "m", &["--status", "open"]);
+        update(&p, "k", &["--status", "open"]);
+    }
+    // Open again, the monitor is due as before.
+    assert_eq!(should_run(&p)["selected_todo"]["id"], "m");
+}
+
+/// `--until` on a deferred monitor is when it resumes, as on any deferred todo; it does not end
+/// the monitor.
+#[test]
+fn deferring_a_monitor_until_a_time_resumes_it_then() {
+    let p = project();
+    freeze(&p, T0);
+    add(
+        &p,
+        &[
+            "--id", "m", "--kind", "monitor", "--every", "1h", "--title", "watch",
+        ],
+    );
+    update(&p, "m", &["--status", "deferred", "--until", "+2h"]);
+    let shown = show(&p, "m");
+    assert_eq!(
+        shown["todo"]["resumes_at"], "2026-12-02T07:00:00.000Z",
+        "{shown}"
+    );
+    assert_eq!(monitor_json(&p, "m")["until"], Value::Null);
+    freeze(&p, T0 + 2 * HOUR);
+    let beat = once(&p, &[]);
+    assert_eq!(beat["resumed_todos"], serde_json::json!(["m"]), "{beat}");
+    assert_eq!(beat["ended_monitors"], serde_json::json!([]), "{beat}");
+    assert_eq!(show(&p, "m")["todo"]["status"], "open");
+    assert_eq!(monitor_json(&p, "m")["until"], Value::Null);
+}
+
+/// A paused or closed goal runs nothing: the heartbeat makes no provider check on it.
+#[test]
+fn the_heartbeat_checks_no_provider_on_a_paused_or_closed_goal() {
+    let p = project();
+    freeze(&p, T0);
+    add(
+        &p,
+        &[
+            "--id",
+            "m",
+            "--kind",
+            "monitor",
+            "--every",
+            "1h",
+            "--title",
+            "gone",
+            "--probe",
+            "nope/nope",
+            "metric",
+            "x",
+        ],
+    );
+    p.ok(&["goal", "pause", "--goal-id", "g"]);
+    assert_eq!(once(&p, &[])["checks"], serde_json::json!([]));
+    assert_eq!(monitor_json(&p, "m")["failures"], 0);
+    p.ok(&["goal", "close", "--goal-id", "g"]);
+    assert_eq!(once(&p, &[])["checks"], serde_json::json!([]));
+    assert_eq!(monitor_json(&p, "m")["failures"], 0);
+}
