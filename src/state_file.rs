@@ -35,6 +35,36 @@ pub fn process_alive(pid: u32) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Takes this process's exclusive record lock on the whole file without waiting; `false` when
+/// another process holds it. A POSIX record lock (`fcntl`) belongs to the process, so the OS
+/// drops it when the process dies and a child forked meanwhile never holds it (a `flock` is
+/// shared with every such child until it execs or exits).
+pub fn lock_exclusively(file: &File) -> std::io::Result<bool> {
+    let whole_file = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    // SAFETY: fcntl on a file descriptor we own, with a valid `struct flock`.
+    let rc = unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            libc::F_SETLK,
+            &whole_file,
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EAGAIN | libc::EACCES) => Ok(false),
+        _ => Err(err),
+    }
+}
+
 /// Removes the temp files of earlier writes of `path` (named by [`temp_path`], with SQLite's
 /// companions) whose writers are gone: what a killed write left beside a file outside `.loopx/`,
 /// where `gc` does not look. Best effort: a file that cannot be removed stays.
@@ -142,6 +172,7 @@ pub const MAX_RECORD_BYTES: u64 = 64 << 10;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::process::CommandExt;
 
     #[test]
     fn only_regular_files_within_the_bound_are_read() {
@@ -180,5 +211,41 @@ mod tests {
             read_bounded(&dir.path().join("z"), 5).unwrap_err().kind(),
             io::ErrorKind::InvalidInput
         );
+    }
+
+    #[test]
+    fn a_child_forked_while_the_lock_is_held_does_not_keep_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.lock");
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .unwrap()
+        };
+        let held = open();
+        assert!(lock_exclusively(&held).unwrap());
+        // A child that lingers between its fork and its exec, as the host's child does while
+        // its parent-death signal is on the way.
+        let mut child = std::process::Command::new("true");
+        // SAFETY: the closure only sleeps, which is async-signal-safe.
+        unsafe {
+            child.pre_exec(|| {
+                libc::usleep(1_500_000);
+                Ok(())
+            });
+        }
+        let mut child = child.spawn().unwrap();
+        // The holder closes its descriptor (as a killed driver's are): the lock is free at once,
+        // though the child still has its inherited copy of the descriptor.
+        drop(held);
+        let again = open();
+        assert!(
+            lock_exclusively(&again).unwrap(),
+            "the forked child kept the lock"
+        );
+        child.wait().unwrap();
     }
 }

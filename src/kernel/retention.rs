@@ -328,6 +328,7 @@ impl Kernel {
     /// plan, in batches each recorded in the operation log, then vacuums. Operators only.
     pub fn gc_apply(&mut self, actor: &Actor) -> Result<GcReport> {
         actor.require_operator("run gc")?;
+        let _only_this_gc = self.hold_gc_lock()?;
         let now = now_ms();
         let mut report = self.plan_at(now)?;
         for chunk in report.turns.chunks(BATCH) {
@@ -417,6 +418,30 @@ impl Kernel {
         report.applied = true;
         report.database_bytes_after = Some(after);
         Ok(report)
+    }
+
+    /// One applying `gc` at a time per project (`.loopx/gc.lock`, held until the returned file
+    /// is dropped): each logs the removals it planned before making them, so two at once would
+    /// both log, and count, the same work.
+    fn hold_gc_lock(&self) -> Result<std::fs::File> {
+        let path = self.paths().state.join("gc.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| LoopxError::io(&path, format!("opening {}", path.display()), e))?;
+        match crate::state_file::lock_exclusively(&file) {
+            Ok(true) => Ok(file),
+            Ok(false) => Err(crate::error::conflict(
+                "another gc is applying its plan to this project; retry when it has finished",
+            )),
+            Err(e) => Err(LoopxError::io(
+                &path,
+                format!("locking {}", path.display()),
+                e,
+            )),
+        }
     }
 
     /// Records the removal of one month's report files in the operation log, marks the month

@@ -94,9 +94,11 @@ pub struct Monitor {
 
 impl Monitor {
     /// The cadence multiplier after `no_change_count` quiet checks: 1 until `max_no_change` of
-    /// them, then 2, 4, ... doubling per further quiet check, capped at [`BACKOFF_CAP`].
+    /// them, then 2, 4, ... doubling per further quiet check, capped at [`BACKOFF_CAP`]. A change
+    /// (or the baseline) leaves no quiet check, so it is always at the cadence: `max_no_change`
+    /// 0 therefore backs off from the first quiet check, as 1 does.
     pub fn backoff_factor(&self) -> i64 {
-        let over = self.no_change_count - self.max_no_change;
+        let over = self.no_change_count - self.max_no_change.max(1);
         if over < 0 {
             1
         } else {
@@ -289,7 +291,9 @@ mod tests {
     fn backoff_progression_is_one_until_the_limit_then_doubles_to_the_cap() {
         let factors: Vec<i64> = (0..8).map(|n| monitor(n, 3).backoff_factor()).collect();
         assert_eq!(factors, vec![1, 1, 1, 2, 4, 8, 8, 8]);
-        assert_eq!(monitor(0, 0).backoff_factor(), 2);
+        // A change leaves no quiet check: at the cadence even with no quiet check allowed.
+        let none_allowed: Vec<i64> = (0..4).map(|n| monitor(n, 0).backoff_factor()).collect();
+        assert_eq!(none_allowed, vec![1, 2, 4, 8]);
         assert_eq!(monitor(1_000_000, 3).backoff_factor(), BACKOFF_CAP);
         assert_eq!(monitor(4, 3).interval_ms(), 4 * 3_600_000);
     }

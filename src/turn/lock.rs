@@ -10,7 +10,6 @@
 //! after a commit, which is how the tests prove that recovery finishes every phase exactly once.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
 use crate::error::{LoopxError, Result};
@@ -37,7 +36,7 @@ impl TurnLock {
             .write(true)
             .open(&path)
             .map_err(|e| LoopxError::internal(format!("opening {}", path.display()), e))?;
-        match lock_exclusively(&file) {
+        match crate::state_file::lock_exclusively(&file) {
             Ok(true) => Ok(Some(TurnLock { _file: file, path })),
             Ok(false) => Ok(None),
             Err(err) => Err(LoopxError::internal(
@@ -59,28 +58,6 @@ impl Drop for TurnLock {
     }
 }
 
-/// Takes this process's exclusive record lock on the whole file without waiting; `false` when
-/// another process holds it.
-fn lock_exclusively(file: &File) -> std::io::Result<bool> {
-    let whole_file = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    // SAFETY: fcntl on a file descriptor we own, with a valid `struct flock`.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &whole_file) };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let err = std::io::Error::last_os_error();
-    match err.raw_os_error() {
-        Some(libc::EAGAIN | libc::EACCES) => Ok(false),
-        _ => Err(err),
-    }
-}
-
 /// Test-only crash injection: SIGKILL this process right after `phase` committed. Compiled only
 /// with the `test-hooks` feature, which the crate's own test builds enable (Cargo.toml).
 #[cfg(feature = "test-hooks")]
@@ -97,45 +74,3 @@ pub(crate) fn crash_hook(point: &str) {
 /// Release builds and `cargo build` have no crash hook: the call sites compile to nothing.
 #[cfg(not(feature = "test-hooks"))]
 pub(crate) fn crash_hook(_point: &str) {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::process::CommandExt;
-
-    #[test]
-    fn a_child_forked_while_the_lock_is_held_does_not_keep_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.lock");
-        let open = || {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .unwrap()
-        };
-        let held = open();
-        assert!(lock_exclusively(&held).unwrap());
-        // A child that lingers between its fork and its exec, as the host's child does while
-        // its parent-death signal is on the way.
-        let mut child = std::process::Command::new("true");
-        // SAFETY: the closure only sleeps, which is async-signal-safe.
-        unsafe {
-            child.pre_exec(|| {
-                libc::usleep(1_500_000);
-                Ok(())
-            });
-        }
-        let mut child = child.spawn().unwrap();
-        // The holder closes its descriptor (as a killed driver's are): the lock is free at once,
-        // though the child still has its inherited copy of the descriptor.
-        drop(held);
-        let again = open();
-        assert!(
-            lock_exclusively(&again).unwrap(),
-            "the forked child kept the lock"
-        );
-        child.wait().unwrap();
-    }
-}
