@@ -671,29 +671,14 @@ fn a_second_gc_apply_while_one_runs_is_a_conflict_and_changes_nothing() {
     let p = Project::new();
     let g = p.goal("g");
     p.json(&["refresh-state", "--goal-id", &g, "--summary", "one run"]);
-    // Another process holds the gc lock (a POSIX record lock, as gc takes it).
+    // Another process (this test) holds the gc lock, taken as gc takes it.
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(p.state().join("gc.lock"))
         .unwrap();
-    let whole = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    // SAFETY: fcntl on a descriptor this test owns, with a valid `struct flock`.
-    let rc = unsafe {
-        libc::fcntl(
-            std::os::fd::AsRawFd::as_raw_fd(&lock),
-            libc::F_SETLK,
-            &whole,
-        )
-    };
-    assert_eq!(rc, 0);
+    assert!(loopx::state_file::lock_exclusively(&lock).unwrap());
     let ops_before = count(&p, "SELECT count(*) FROM ops");
     let r = p.run(&["gc", "--apply"]);
     assert_eq!(r.code, 4, "{} {}", r.stdout, r.stderr);
