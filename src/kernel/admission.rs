@@ -168,9 +168,10 @@ fn apply(
                 && !installed_capabilities(tx)?.contains(bound)
             {
                 return Ok(Err(format!(
-                    "capability {bound} is not installed and enabled; a proposal may bind a new \
+                    "capability{} is not installed and enabled; a proposal may bind a new \
                      todo only to an installed capability (only an operator binds one that is \
-                     not installed yet)"
+                     not installed yet)",
+                    crate::error::quoted_input(bound, 80)
                 )));
             }
             if let Some(existing) = id.as_deref().map(load).transpose()?.and_then(|r| r.ok()) {
