@@ -18,6 +18,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (13, V13),
     (14, V14),
     (15, V15),
+    (16, V16),
 ];
 
 const V1: &str = r#"
@@ -413,4 +414,67 @@ CREATE INDEX todos_by_expiry ON todos(goal_id, status, claim_expires_at) WHERE s
 DROP INDEX todos_by_claim;
 DROP INDEX todos_by_capability;
 CREATE INDEX todos_by_capability ON todos(goal_id, capability) WHERE capability IS NOT NULL;
+"#;
+
+/// Fewer schema objects and columns. Every process parses the whole schema before its first
+/// statement, at about a thousand instructions per column and more per table, so the parse grows
+/// with each table a feature adds (docs/benchmarks.md). A monitor's and a
+/// goal probe's fields other than the keys their queries use move into one JSON object each
+/// (`state`, read and written whole by the store), and the commit counter and the retention
+/// policy share one row (`store_meta`). The small tables are rebuilt; nothing else is touched.
+/// Stored JSON that does not parse stops the migration, which then leaves the database as it was.
+const V16: &str = r#"
+CREATE TABLE monitors_v16 (
+    goal_id TEXT NOT NULL,
+    todo_id TEXT NOT NULL,
+    next_due_at INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    PRIMARY KEY (goal_id, todo_id)
+) WITHOUT ROWID;
+INSERT INTO monitors_v16 (goal_id, todo_id, next_due_at, state)
+SELECT goal_id, todo_id, next_due_at, json_object(
+    'every_ms', every_ms, 'until_at', until_at, 'target', target, 'follow_up', follow_up,
+    'max_no_change', max_no_change, 'probe', json(probe), 'last_check_at', last_check_at,
+    'last_digest', last_digest, 'last_result', last_result, 'no_change_count', no_change_count,
+    'material_change', json(CASE WHEN material_change <> 0 THEN 'true' ELSE 'false' END),
+    'checks', checks, 'failures', failures, 'last_failure', last_failure,
+    'check_seq', check_seq, 'checked_fence', checked_fence,
+    'created_at', created_at, 'updated_at', updated_at)
+FROM monitors;
+DROP TABLE monitors;
+ALTER TABLE monitors_v16 RENAME TO monitors;
+CREATE INDEX monitors_by_due ON monitors(goal_id, next_due_at);
+
+CREATE TABLE goal_probes_v16 (
+    goal_id TEXT PRIMARY KEY,
+    state TEXT NOT NULL
+) WITHOUT ROWID;
+INSERT INTO goal_probes_v16 (goal_id, state)
+SELECT goal_id, json_object(
+    'provider', provider, 'operation', operation, 'target', target, 'revision', revision,
+    'ran_revision', ran_revision, 'run_seq', run_seq, 'runs', runs, 'failures', failures,
+    'last_result', last_result, 'last_digest', last_digest, 'last_checked_at', last_checked_at,
+    'last_failure', last_failure, 'last_observation', last_observation,
+    'changed_at', changed_at, 'created_at', created_at, 'updated_at', updated_at)
+FROM goal_probes;
+DROP TABLE goal_probes;
+ALTER TABLE goal_probes_v16 RENAME TO goal_probes;
+
+CREATE TABLE store_meta (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    commit_seq INTEGER NOT NULL,
+    retention_policy TEXT
+);
+INSERT INTO store_meta (id, commit_seq, retention_policy) VALUES (
+    1,
+    COALESCE((SELECT seq FROM commits WHERE id = 1), 0),
+    (SELECT json_object(
+        'live_window_days', live_window_days, 'journal_full_days', journal_full_days,
+        'keep_journal_bodies', json(CASE WHEN keep_journal_bodies <> 0 THEN 'true' ELSE 'false' END),
+        'report_files_days', report_files_days,
+        'history_days', history_days, 'updated_at', updated_at)
+     FROM retention_policy WHERE id = 1)
+);
+DROP TABLE commits;
+DROP TABLE retention_policy;
 "#;

@@ -1,47 +1,84 @@
-//! A goal's provider probe (table `goal_probes`, migration 10): the SQLite side of
+//! A goal's provider probe (table `goal_probes`, migrations 10 and 16): the SQLite side of
 //! [`GoalProbeRead`] and [`GoalProbeTx`], one row per goal.
+
+use serde::{Deserialize, Serialize};
 
 use super::*;
 use crate::kernel::store::{GoalProbeRead, GoalProbeTx};
 use crate::model::{CheckResult, GoalProbe, ProbeSpec};
 
-const GOAL_PROBE_COLUMNS: &str = "goal_id, provider, operation, target, revision, ran_revision, \
-     run_seq, runs, failures, last_result, last_digest, last_checked_at, last_failure, \
-     last_observation, changed_at, created_at, updated_at";
+/// A goal probe's `state` column (migration 16): every field but the goal id, as one JSON object
+/// read and written whole. Its field names are the stored format, apart from the model's.
+#[derive(Serialize, Deserialize)]
+struct GoalProbeState {
+    provider: String,
+    operation: String,
+    target: String,
+    revision: i64,
+    ran_revision: i64,
+    run_seq: i64,
+    runs: i64,
+    failures: i64,
+    last_result: Option<CheckResult>,
+    last_digest: Option<String>,
+    last_checked_at: Option<i64>,
+    last_failure: Option<String>,
+    last_observation: Option<String>,
+    changed_at: Option<i64>,
+    created_at: i64,
+    updated_at: i64,
+}
 
 fn goal_probe_from_row(row: &Row) -> rusqlite::Result<GoalProbe> {
-    let last_result: Option<String> = row.get(9)?;
-    let last_result = match last_result {
-        Some(text) => Some(CheckResult::parse(&text).map_err(|e| bad_text(9, e))?),
-        None => None,
-    };
+    let s: GoalProbeState = json_col(row, 1)?;
     Ok(GoalProbe {
         goal_id: row.get(0)?,
         spec: ProbeSpec {
-            provider: row.get(1)?,
-            operation: row.get(2)?,
-            target: row.get(3)?,
+            provider: s.provider,
+            operation: s.operation,
+            target: s.target,
         },
-        revision: row.get(4)?,
-        ran_revision: row.get(5)?,
-        run_seq: row.get(6)?,
-        runs: row.get(7)?,
-        failures: row.get(8)?,
-        last_result,
-        last_digest: row.get(10)?,
-        last_checked_at: row.get(11)?,
-        last_failure: row.get(12)?,
-        last_observation: row.get(13)?,
-        changed_at: row.get(14)?,
-        created_at: row.get(15)?,
-        updated_at: row.get(16)?,
+        revision: s.revision,
+        ran_revision: s.ran_revision,
+        run_seq: s.run_seq,
+        runs: s.runs,
+        failures: s.failures,
+        last_result: s.last_result,
+        last_digest: s.last_digest,
+        last_checked_at: s.last_checked_at,
+        last_failure: s.last_failure,
+        last_observation: s.last_observation,
+        changed_at: s.changed_at,
+        created_at: s.created_at,
+        updated_at: s.updated_at,
+    })
+}
+
+fn goal_probe_state(p: &GoalProbe) -> String {
+    to_json(&GoalProbeState {
+        provider: p.spec.provider.clone(),
+        operation: p.spec.operation.clone(),
+        target: p.spec.target.clone(),
+        revision: p.revision,
+        ran_revision: p.ran_revision,
+        run_seq: p.run_seq,
+        runs: p.runs,
+        failures: p.failures,
+        last_result: p.last_result,
+        last_digest: p.last_digest.clone(),
+        last_checked_at: p.last_checked_at,
+        last_failure: p.last_failure.clone(),
+        last_observation: p.last_observation.clone(),
+        changed_at: p.changed_at,
+        created_at: p.created_at,
+        updated_at: p.updated_at,
     })
 }
 
 impl<M: Mode> GoalProbeRead for SqliteTx<'_, M> {
     fn goal_probe(&self, goal_id: &str) -> Result<Option<GoalProbe>> {
         self.db.query_opt(
-            &format!("SELECT {GOAL_PROBE_COLUMNS} FROM goal_probes WHERE goal_id = ?1"),
+            "SELECT goal_id, state FROM goal_probes WHERE goal_id = ?1",
             [goal_id],
             goal_probe_from_row,
             "reading a goal probe",
@@ -53,35 +90,11 @@ impl GoalProbeTx for SqliteTx<'_, Write> {
     fn upsert_goal_probe(&self, p: &GoalProbe) -> Result<()> {
         self.db
             .conn
-            .prepare_cached(&format!(
-                "INSERT INTO goal_probes ({GOAL_PROBE_COLUMNS}) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) \
-                 ON CONFLICT (goal_id) DO UPDATE SET provider = ?2, operation = ?3, target = ?4, \
-                 revision = ?5, ran_revision = ?6, run_seq = ?7, runs = ?8, failures = ?9, \
-                 last_result = ?10, last_digest = ?11, last_checked_at = ?12, last_failure = ?13, \
-                 last_observation = ?14, changed_at = ?15, created_at = ?16, updated_at = ?17"
-            ))
-            .and_then(|mut s| {
-                s.execute(params![
-                    p.goal_id,
-                    p.spec.provider,
-                    p.spec.operation,
-                    p.spec.target,
-                    p.revision,
-                    p.ran_revision,
-                    p.run_seq,
-                    p.runs,
-                    p.failures,
-                    p.last_result.map(CheckResult::as_str),
-                    p.last_digest,
-                    p.last_checked_at,
-                    p.last_failure,
-                    p.last_observation,
-                    p.changed_at,
-                    p.created_at,
-                    p.updated_at,
-                ])
-            })
+            .prepare_cached(
+                "INSERT INTO goal_probes (goal_id, state) VALUES (?1, ?2) \
+                 ON CONFLICT (goal_id) DO UPDATE SET state = ?2",
+            )
+            .and_then(|mut s| s.execute(params![p.goal_id, goal_probe_state(p)]))
             .map_err(self.db.err("writing a goal probe"))?;
         Ok(())
     }

@@ -13,6 +13,9 @@ pub(super) const JSON_COLUMNS: &[(&str, &str)] = &[
     ("extension_revisions", "manifest"),
     ("extension_revisions", "grants"),
     ("extension_revisions", "component_hashes"),
+    ("monitors", "state"),
+    ("goal_probes", "state"),
+    ("store_meta", "retention_policy"),
 ];
 
 /// References between rows that the schema does not enforce (only `todos.goal_id` is a foreign

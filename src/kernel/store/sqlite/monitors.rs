@@ -1,49 +1,88 @@
-//! Monitors and deferred todos' resume times (tables `monitors` and `todo_deferrals`, migration
-//! 8): the SQLite side of [`MonitorRead`] and [`MonitorTx`].
+//! Monitors and deferred todos' resume times (tables `monitors` and `todo_deferrals`, migrations
+//! 8 and 16): the SQLite side of [`MonitorRead`] and [`MonitorTx`].
 
 use super::*;
 use crate::kernel::store::{ActiveMonitor, MonitorRead, MonitorTx};
-use crate::model::{CheckResult, Deferral, Monitor, MonitorFollowUp};
+use serde::{Deserialize, Serialize};
 
-const MONITOR_COLUMNS: &str = "m.goal_id, m.todo_id, m.every_ms, m.until_at, m.target, m.follow_up, \
-     m.max_no_change, m.probe, m.next_due_at, m.last_check_at, m.last_digest, m.last_result, \
-     m.no_change_count, m.material_change, m.checks, m.failures, m.last_failure, m.check_seq, \
-     m.checked_fence, m.created_at, m.updated_at";
-const MONITOR_COLUMN_COUNT: usize = 21;
+use crate::model::{CheckResult, Deferral, Monitor, MonitorFollowUp, ProbeSpec};
+
+/// A monitor's row: its key, the due time its queries select and order by, and `state`.
+const MONITOR_COLUMNS: &str = "m.goal_id, m.todo_id, m.next_due_at, m.state";
+const MONITOR_COLUMN_COUNT: usize = 4;
+
+/// A monitor's `state` column (migration 16): every field but the key and `next_due_at`, as one
+/// JSON object read and written whole. Its field names are the stored format, apart from the
+/// model's, so renaming a field of [`Monitor`] cannot change what is on disk.
+#[derive(Serialize, Deserialize)]
+struct MonitorState {
+    every_ms: i64,
+    until_at: Option<i64>,
+    target: Option<String>,
+    follow_up: MonitorFollowUp,
+    max_no_change: i64,
+    probe: Option<ProbeSpec>,
+    last_check_at: Option<i64>,
+    last_digest: Option<String>,
+    last_result: Option<CheckResult>,
+    no_change_count: i64,
+    material_change: bool,
+    checks: i64,
+    failures: i64,
+    last_failure: Option<String>,
+    check_seq: i64,
+    checked_fence: i64,
+    created_at: i64,
+    updated_at: i64,
+}
 
 fn monitor_from_row(row: &Row) -> rusqlite::Result<Monitor> {
-    let probe: Option<String> = row.get(7)?;
-    let probe = match probe {
-        Some(text) => Some(serde_json::from_str(&text).map_err(|e| bad_text(7, e))?),
-        None => None,
-    };
-    let last_result: Option<String> = row.get(11)?;
-    let last_result = match last_result {
-        Some(text) => Some(CheckResult::parse(&text).map_err(|e| bad_text(11, e))?),
-        None => None,
-    };
+    let s: MonitorState = json_col(row, 3)?;
     Ok(Monitor {
         goal_id: row.get(0)?,
         todo_id: row.get(1)?,
-        every_ms: row.get(2)?,
-        until_at: row.get(3)?,
-        target: row.get(4)?,
-        follow_up: text_enum(row, 5, MonitorFollowUp::parse)?,
-        max_no_change: row.get(6)?,
-        probe,
-        next_due_at: row.get(8)?,
-        last_check_at: row.get(9)?,
-        last_digest: row.get(10)?,
-        last_result,
-        no_change_count: row.get(12)?,
-        material_change: row.get::<_, i64>(13)? != 0,
-        checks: row.get(14)?,
-        failures: row.get(15)?,
-        last_failure: row.get(16)?,
-        check_seq: row.get(17)?,
-        checked_fence: row.get(18)?,
-        created_at: row.get(19)?,
-        updated_at: row.get(20)?,
+        next_due_at: row.get(2)?,
+        every_ms: s.every_ms,
+        until_at: s.until_at,
+        target: s.target,
+        follow_up: s.follow_up,
+        max_no_change: s.max_no_change,
+        probe: s.probe,
+        last_check_at: s.last_check_at,
+        last_digest: s.last_digest,
+        last_result: s.last_result,
+        no_change_count: s.no_change_count,
+        material_change: s.material_change,
+        checks: s.checks,
+        failures: s.failures,
+        last_failure: s.last_failure,
+        check_seq: s.check_seq,
+        checked_fence: s.checked_fence,
+        created_at: s.created_at,
+        updated_at: s.updated_at,
+    })
+}
+
+fn monitor_state(m: &Monitor) -> String {
+    to_json(&MonitorState {
+        every_ms: m.every_ms,
+        until_at: m.until_at,
+        target: m.target.clone(),
+        follow_up: m.follow_up,
+        max_no_change: m.max_no_change,
+        probe: m.probe.clone(),
+        last_check_at: m.last_check_at,
+        last_digest: m.last_digest.clone(),
+        last_result: m.last_result,
+        no_change_count: m.no_change_count,
+        material_change: m.material_change,
+        checks: m.checks,
+        failures: m.failures,
+        last_failure: m.last_failure.clone(),
+        check_seq: m.check_seq,
+        checked_fence: m.checked_fence,
+        created_at: m.created_at,
+        updated_at: m.updated_at,
     })
 }
 
@@ -159,44 +198,14 @@ impl<M: Mode> MonitorRead for SqliteTx<'_, M> {
 
 impl MonitorTx for SqliteTx<'_, Write> {
     fn upsert_monitor(&self, m: &Monitor) -> Result<()> {
-        let probe = m.probe.as_ref().map(to_json);
         self.db
             .conn
             .prepare_cached(
-                "INSERT INTO monitors (goal_id, todo_id, every_ms, until_at, target, follow_up, max_no_change, \
-                 probe, next_due_at, last_check_at, last_digest, last_result, no_change_count, material_change, \
-                 checks, failures, last_failure, check_seq, checked_fence, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21) \
-                 ON CONFLICT (goal_id, todo_id) DO UPDATE SET every_ms = ?3, until_at = ?4, target = ?5, \
-                 follow_up = ?6, max_no_change = ?7, probe = ?8, next_due_at = ?9, last_check_at = ?10, \
-                 last_digest = ?11, last_result = ?12, no_change_count = ?13, material_change = ?14, \
-                 checks = ?15, failures = ?16, last_failure = ?17, check_seq = ?18, checked_fence = ?19, \
-                 created_at = ?20, updated_at = ?21",
+                "INSERT INTO monitors (goal_id, todo_id, next_due_at, state) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (goal_id, todo_id) DO UPDATE SET next_due_at = ?3, state = ?4",
             )
             .and_then(|mut s| {
-                s.execute(params![
-                    m.goal_id,
-                    m.todo_id,
-                    m.every_ms,
-                    m.until_at,
-                    m.target,
-                    m.follow_up.as_str(),
-                    m.max_no_change,
-                    probe,
-                    m.next_due_at,
-                    m.last_check_at,
-                    m.last_digest,
-                    m.last_result.map(CheckResult::as_str),
-                    m.no_change_count,
-                    m.material_change as i64,
-                    m.checks,
-                    m.failures,
-                    m.last_failure,
-                    m.check_seq,
-                    m.checked_fence,
-                    m.created_at,
-                    m.updated_at,
-                ])
+                s.execute(params![m.goal_id, m.todo_id, m.next_due_at, monitor_state(m)])
             })
             .map_err(self.db.err("writing a monitor"))?;
         Ok(())

@@ -1,7 +1,9 @@
-//! Retention on SQLite: the operator's policy row, the rows `loopx gc` compacts (settled turn
+//! Retention on SQLite: the operator's policy (in `store_meta`), the rows `loopx gc` compacts (settled turn
 //! journals, old run payloads), the time-bounded reads of the goal projections' live window and
 //! monthly archive, and `VACUUM`. Kept apart from the turn and run modules, whose queries are on
 //! every turn's hot path; these run when an operator asks, or read through `todos_by_finish`.
+
+use serde::{Deserialize, Serialize};
 
 use super::*;
 use crate::kernel::store::{CompactableTurn, RetentionPolicy, RetentionRead, RetentionTx};
@@ -11,6 +13,18 @@ use super::todos::LIVE_STATUSES;
 /// A todo in a terminal status (`TodoStatus::is_terminal`), as SQL spelled exactly as the `WHERE`
 /// of the partial index `todos_by_finish`, so that SQLite can use the index for it.
 const TERMINAL: &str = "(status = 'completed' OR status = 'archived')";
+
+/// The operator's policy as stored in `store_meta.retention_policy` (migration 16; NULL when none
+/// was set). Its field names are the stored format, apart from [`RetentionPolicy`]'s.
+#[derive(Serialize, Deserialize)]
+struct RetentionPolicyState {
+    live_window_days: i64,
+    journal_full_days: i64,
+    keep_journal_bodies: bool,
+    report_files_days: i64,
+    history_days: i64,
+    updated_at: i64,
+}
 
 /// The most finished todos of one status the goal projections list (the rest are counted).
 pub(crate) const LIVE_FINISHED_PER_STATUS: i64 = 100;
@@ -51,45 +65,36 @@ pub(super) fn live_projected_todos_sql() -> [String; 3] {
 
 impl Db<'_> {
     fn retention_policy(&self) -> Result<Option<RetentionPolicy>> {
-        self.query_opt(
-            "SELECT live_window_days, journal_full_days, keep_journal_bodies, report_files_days, \
-             history_days FROM retention_policy WHERE id = 1",
+        let stored: Option<RetentionPolicyState> = self.query_one(
+            "SELECT retention_policy FROM store_meta WHERE id = 1",
             [],
-            |r| {
-                Ok(RetentionPolicy {
-                    live_window_days: r.get(0)?,
-                    journal_full_days: r.get(1)?,
-                    keep_journal_bodies: r.get(2)?,
-                    report_files_days: r.get(3)?,
-                    history_days: r.get(4)?,
-                })
+            |r| match r.get_ref(0)? {
+                ValueRef::Null => Ok(None),
+                _ => json_col(r, 0).map(Some),
             },
             "reading the retention policy",
-        )
+        )?;
+        Ok(stored.map(|s| RetentionPolicy {
+            live_window_days: s.live_window_days,
+            journal_full_days: s.journal_full_days,
+            keep_journal_bodies: s.keep_journal_bodies,
+            report_files_days: s.report_files_days,
+            history_days: s.history_days,
+        }))
     }
 
     fn set_retention_policy(&self, p: &RetentionPolicy, now: i64) -> Result<()> {
+        let state = to_json(&RetentionPolicyState {
+            live_window_days: p.live_window_days,
+            journal_full_days: p.journal_full_days,
+            keep_journal_bodies: p.keep_journal_bodies,
+            report_files_days: p.report_files_days,
+            history_days: p.history_days,
+            updated_at: now,
+        });
         self.conn
-            .prepare_cached(
-                "INSERT INTO retention_policy (id, live_window_days, journal_full_days, \
-                 keep_journal_bodies, report_files_days, history_days, updated_at) \
-                 VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(id) DO UPDATE SET \
-                 live_window_days = excluded.live_window_days, \
-                 journal_full_days = excluded.journal_full_days, \
-                 keep_journal_bodies = excluded.keep_journal_bodies, \
-                 report_files_days = excluded.report_files_days, \
-                 history_days = excluded.history_days, updated_at = excluded.updated_at",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    p.live_window_days,
-                    p.journal_full_days,
-                    p.keep_journal_bodies,
-                    p.report_files_days,
-                    p.history_days,
-                    now
-                ])
-            })
+            .prepare_cached("UPDATE store_meta SET retention_policy = ?1 WHERE id = 1")
+            .and_then(|mut s| s.execute([state]))
             .map_err(self.err("writing the retention policy"))?;
         Ok(())
     }

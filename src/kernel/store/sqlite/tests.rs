@@ -610,3 +610,179 @@ fn live_and_terminal_statuses_partition_the_statuses() {
         );
     }
 }
+
+/// Migration 16 folds the monitor, goal-probe and retention-policy columns into one JSON object
+/// each and the commit counter into `store_meta`: a database at version 15 reads back every
+/// field of every row after the upgrade, set or unset.
+#[test]
+fn migration_16_keeps_every_field_of_monitors_probes_the_policy_and_the_counter() {
+    use crate::kernel::store::RetentionPolicy;
+    use crate::model::{CheckResult, GoalProbe, Monitor, MonitorFollowUp, ProbeSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("loopx.db");
+    {
+        let conn = Connection::open(&path).unwrap();
+        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 15) {
+            conn.execute_batch(sql).unwrap();
+            conn.pragma_update(None, "user_version", version).unwrap();
+        }
+        conn.execute_batch(
+            "INSERT INTO monitors (goal_id, todo_id, every_ms, until_at, target, follow_up, \
+             max_no_change, probe, next_due_at, last_check_at, last_digest, last_result, \
+             no_change_count, material_change, checks, failures, last_failure, check_seq, \
+             checked_fence, created_at, updated_at) VALUES \
+             ('g', 'full', 60000, 900000, 'metric:x', 'replan', 4, \
+              '{\"provider\":\"ext/p\",\"operation\":\"read\",\"target\":\"a b\"}', 120000, \
+              110000, 'sha256:1', 'changed', 2, 1, 7, 3, 'timed out', 9, 5, 1000, 2000), \
+             ('g', 'bare', 1000, NULL, NULL, 'none', 0, NULL, 5, NULL, NULL, NULL, 0, 0, 0, \
+              0, NULL, 0, 0, 1, 1);
+             INSERT INTO goal_probes (goal_id, provider, operation, target, revision, \
+             ran_revision, run_seq, runs, failures, last_result, last_digest, last_checked_at, \
+             last_failure, last_observation, changed_at, created_at, updated_at) VALUES \
+             ('g', 'ext/p', 'read', 'https://x', 3, 2, 8, 6, 1, 'unchanged', 'sha256:2', 700, \
+              'trap', 'seen \"quoted\"', 650, 10, 20), \
+             ('h', 'ext/q', 'op', 't', 1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 1, 1);
+             INSERT INTO retention_policy (id, live_window_days, journal_full_days, \
+             keep_journal_bodies, report_files_days, history_days, updated_at) \
+             VALUES (1, 3, 10, 1, 14, 90, 5);
+             UPDATE commits SET seq = 41 WHERE id = 1;",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.current_version().unwrap(), 16);
+    assert!(store.integrity_check().unwrap().is_empty());
+    let tx = store.begin_read().unwrap();
+    let full = Monitor {
+        goal_id: "g".into(),
+        todo_id: "full".into(),
+        every_ms: 60_000,
+        until_at: Some(900_000),
+        target: Some("metric:x".into()),
+        follow_up: MonitorFollowUp::Replan,
+        max_no_change: 4,
+        probe: Some(ProbeSpec {
+            provider: "ext/p".into(),
+            operation: "read".into(),
+            target: "a b".into(),
+        }),
+        next_due_at: 120_000,
+        last_check_at: Some(110_000),
+        last_digest: Some("sha256:1".into()),
+        last_result: Some(CheckResult::Changed),
+        no_change_count: 2,
+        material_change: true,
+        checks: 7,
+        failures: 3,
+        last_failure: Some("timed out".into()),
+        check_seq: 9,
+        checked_fence: 5,
+        created_at: 1_000,
+        updated_at: 2_000,
+    };
+    let bare = Monitor {
+        goal_id: "g".into(),
+        todo_id: "bare".into(),
+        every_ms: 1_000,
+        until_at: None,
+        target: None,
+        follow_up: MonitorFollowUp::None,
+        max_no_change: 0,
+        probe: None,
+        next_due_at: 5,
+        last_check_at: None,
+        last_digest: None,
+        last_result: None,
+        no_change_count: 0,
+        material_change: false,
+        checks: 0,
+        failures: 0,
+        last_failure: None,
+        check_seq: 0,
+        checked_fence: 0,
+        created_at: 1,
+        updated_at: 1,
+    };
+    assert_eq!(tx.monitors("g").unwrap(), vec![bare, full]);
+    assert_eq!(
+        tx.goal_probe("g").unwrap(),
+        Some(GoalProbe {
+            goal_id: "g".into(),
+            spec: ProbeSpec {
+                provider: "ext/p".into(),
+                operation: "read".into(),
+                target: "https://x".into(),
+            },
+            revision: 3,
+            ran_revision: 2,
+            run_seq: 8,
+            runs: 6,
+            failures: 1,
+            last_result: Some(CheckResult::Unchanged),
+            last_digest: Some("sha256:2".into()),
+            last_checked_at: Some(700),
+            last_failure: Some("trap".into()),
+            last_observation: Some("seen \"quoted\"".into()),
+            changed_at: Some(650),
+            created_at: 10,
+            updated_at: 20,
+        })
+    );
+    let h = tx.goal_probe("h").unwrap().unwrap();
+    assert_eq!((h.revision, h.last_result, h.changed_at), (1, None, None));
+    assert_eq!(
+        tx.retention().retention_policy().unwrap(),
+        Some(RetentionPolicy {
+            live_window_days: 3,
+            journal_full_days: 10,
+            keep_journal_bodies: true,
+            report_files_days: 14,
+            history_days: 90,
+        })
+    );
+    assert_eq!(tx.commit_seq().unwrap(), CommitSeq(41));
+    drop(tx);
+    let objects: Vec<String> = store
+        .conn
+        .prepare("SELECT name FROM sqlite_schema WHERE name IN ('commits', 'retention_policy', 'monitors_v16', 'goal_probes_v16')")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert!(objects.is_empty(), "left behind: {objects:?}");
+}
+
+/// A database at version 15 whose stored monitor probe is not JSON is not migrated: the upgrade
+/// stops, names the migration, and leaves the file at version 15 for the operator to repair.
+#[test]
+fn migration_16_refuses_a_monitor_probe_that_is_not_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("loopx.db");
+    {
+        let conn = Connection::open(&path).unwrap();
+        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 15) {
+            conn.execute_batch(sql).unwrap();
+            conn.pragma_update(None, "user_version", version).unwrap();
+        }
+        conn.execute_batch(
+            "INSERT INTO monitors (goal_id, todo_id, every_ms, follow_up, max_no_change, probe, \
+             next_due_at, created_at, updated_at) VALUES ('g', 'm', 1000, 'none', 3, '{broken', \
+             5, 1, 1);",
+        )
+        .unwrap();
+    }
+    let err = SqliteStore::open(&path)
+        .err()
+        .expect("the migration must fail");
+    assert!(err.to_string().contains("migration 16"), "{err}");
+    let conn = Connection::open(&path).unwrap();
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 15);
+    let probe: String = conn
+        .query_row("SELECT probe FROM monitors", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(probe, "{broken");
+}

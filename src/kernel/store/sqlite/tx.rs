@@ -74,7 +74,7 @@ impl<'a> Db<'a> {
 impl Db<'_> {
     pub(super) fn commit_seq(&self) -> Result<CommitSeq> {
         self.query_one(
-            "SELECT seq FROM commits WHERE id = 1",
+            "SELECT commit_seq FROM store_meta WHERE id = 1",
             [],
             |r| r.get(0).map(CommitSeq),
             "reading the commit counter",
@@ -382,7 +382,7 @@ impl StoreTx for SqliteTx<'_, Write> {
             self.db.commit_seq()?
         } else {
             self.db.query_one(
-                "UPDATE commits SET seq = seq + 1 WHERE id = 1 RETURNING seq",
+                "UPDATE store_meta SET commit_seq = commit_seq + 1 WHERE id = 1 RETURNING commit_seq",
                 [],
                 |r| r.get(0).map(CommitSeq),
                 "counting the commit",
