@@ -63,7 +63,7 @@ pub fn serve(paths: &ProjectPaths, identity: &TurnIdentity, argv: &[String]) -> 
             };
         }
     };
-    let format = cli.format;
+    let format = cli.format();
     let result = served(&cli.command).and_then(|()| {
         let ctx = Context::for_turn(paths, identity, format);
         dispatch(&ctx, cli.command, not_on_the_channel)

@@ -60,16 +60,20 @@ pub struct Cli {
     /// Project directory holding `.loopx/` (default: search upward from the working directory).
     #[arg(long, global = true, env = "LOOPX_ROOT", value_name = "DIR", value_parser = flags::path)]
     pub root: Option<PathBuf>,
-    /// Output format.
-    #[arg(long, global = true, value_enum, default_value = "text")]
-    pub format: Format,
+    // `--format`, `-q` and `-v` hold nothing when not given (no clap default, `Option`): clap
+    // copies every global argument that has a match, a default included, into each level of the
+    // invoked subcommand, and those copies were a twentieth of a short command's instructions
+    // (docs/benchmarks.md). Read them through `format()` and `verbosity()`.
+    /// Output format [default: text].
+    #[arg(long, global = true, value_enum)]
+    pub format: Option<Format>,
     /// Print less: no progress or per-turn lines on stderr; the command's output, errors and
     /// warnings are still printed.
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
-    pub quiet: bool,
+    #[arg(short, long, global = true, conflicts_with = "verbose", action = clap::ArgAction::Set, num_args = 0, default_missing_value = "true")]
+    pub quiet: Option<bool>,
     /// Print more on stderr: the project used and how long the command took.
-    #[arg(short, long, global = true)]
-    pub verbose: bool,
+    #[arg(short, long, global = true, action = clap::ArgAction::Set, num_args = 0, default_missing_value = "true")]
+    pub verbose: Option<bool>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -145,6 +149,22 @@ pub enum Command {
 pub struct Nested<T: Subcommand> {
     #[command(subcommand)]
     pub command: T,
+}
+
+impl Cli {
+    /// `--format`, text when not given.
+    pub fn format(&self) -> Format {
+        self.format.unwrap_or(Format::Text)
+    }
+
+    /// `-q` or `-v` (clap refuses both).
+    pub fn verbosity(&self) -> Verbosity {
+        match (self.quiet, self.verbose) {
+            (Some(true), _) => Verbosity::Quiet,
+            (_, Some(true)) => Verbosity::Verbose,
+            _ => Verbosity::Normal,
+        }
+    }
 }
 
 /// How much a command prints beside its output (`-q`, `-v`).
@@ -488,12 +508,8 @@ pub fn main(wasm: WasmDispatch) -> i32 {
             };
         }
     };
-    let verbosity = match (cli.quiet, cli.verbose) {
-        (true, _) => Verbosity::Quiet,
-        (false, true) => Verbosity::Verbose,
-        (false, false) => Verbosity::Normal,
-    };
-    let mut format = cli.format;
+    let verbosity = cli.verbosity();
+    let mut format = cli.format();
     if let Command::ProjectPrompt(Nested {
         command: project_prompt::ProjectPromptCommand::List { json: true },
     }) = &cli.command

@@ -66,7 +66,10 @@ fn invoked_subcommand<'a>(whole: &clap::Command, args: &'a [OsString]) -> Option
         .get_arguments()
         .filter(|a| a.is_global_set())
         .collect();
-    let takes_value = |a: &clap::Arg| a.get_action().takes_values();
+    // `-q` and `-v` are `Set` actions of no values (see `Cli`): switches, as `SetTrue` ones are.
+    let takes_value = |a: &clap::Arg| {
+        a.get_action().takes_values() && a.get_num_args().is_none_or(|n| n.takes_values())
+    };
     let mut words = args.iter().skip(1);
     while let Some(word) = words.next() {
         let word = word.to_str()?;
@@ -179,6 +182,45 @@ mod tests {
             }
         }
         assert!(pruned_runs > all.len() * 20, "{pruned_runs}");
+    }
+
+    /// `--format`, `-q` and `-v` leave no match at any level when not given (see `Cli`): a
+    /// default would be copied into every level of the invoked subcommand by every command.
+    /// Given, they read as the flags say.
+    #[test]
+    fn global_flags_not_given_leave_no_match_and_read_as_given() {
+        use super::super::{Verbosity, output::Format};
+        let matches = Cli::command()
+            .try_get_matches_from(["loopx", "todo", "list", "--goal-id", "g"])
+            .unwrap();
+        let mut level = Some(&matches);
+        let mut levels = 0;
+        while let Some(m) = level {
+            for id in ["format", "quiet", "verbose"] {
+                assert_eq!(m.value_source(id), None, "{id} at level {levels}");
+            }
+            levels += 1;
+            level = m.subcommand().map(|(_, sub)| sub);
+        }
+        assert_eq!(levels, 3);
+        let read = |args: &[&str]| {
+            let args = std::iter::once("loopx")
+                .chain(args.iter().copied())
+                .map(OsString::from)
+                .collect();
+            let cli = parse_from(args, drop).unwrap();
+            (cli.format(), cli.verbosity())
+        };
+        assert_eq!(read(&["status"]), (Format::Text, Verbosity::Normal));
+        assert_eq!(read(&["-q", "status"]), (Format::Text, Verbosity::Quiet));
+        assert_eq!(
+            read(&["status", "--verbose", "--format", "json"]),
+            (Format::Json, Verbosity::Verbose)
+        );
+        assert_eq!(
+            read(&["--format=markdown", "status", "--quiet"]),
+            (Format::Markdown, Verbosity::Quiet)
+        );
     }
 
     #[test]
