@@ -189,7 +189,7 @@ impl Kernel {
         check_probe(&spec)?;
         check_probe_text(note.as_deref())?;
         let out = self.write(|tx| {
-            let mut goal = require_goal(tx, goal_id)?;
+            let mut goal = super::require_unclosed_goal(tx, goal_id, "a new provider probe")?;
             let now = now_ms();
             let probe = match tx.goal_probe(goal_id)? {
                 Some(mut old) if old.spec == spec => {
@@ -265,6 +265,12 @@ impl Kernel {
         }
         self.write(|tx| {
             let goal = require_goal(tx, goal_id)?;
+            if goal.status == GoalStatus::Closed {
+                if pending_only {
+                    return Ok(None);
+                }
+                super::require_unclosed_goal(tx, goal_id, "a probe run")?;
+            }
             let Some(mut probe) = tx.goal_probe(goal_id)? else {
                 return Err(refused(match goal.next_probe {
                     Some(_) => format!(

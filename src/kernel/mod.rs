@@ -357,6 +357,24 @@ pub(crate) fn require_goal(tx: &dyn StoreRead, goal_id: &str) -> Result<crate::m
     })
 }
 
+/// The goal, unless it is closed. Closing is final: a closed goal takes no new todos and none of
+/// its todos reopens or changes its plan (`change` names what was refused); completing or
+/// archiving what is left, and recording evidence, stay possible.
+pub(crate) fn require_unclosed_goal(
+    tx: &dyn StoreRead,
+    goal_id: &str,
+    change: &str,
+) -> Result<crate::model::Goal> {
+    let goal = require_goal(tx, goal_id)?;
+    if goal.status == crate::model::GoalStatus::Closed {
+        return Err(crate::error::refused(format!(
+            "goal '{goal_id}' is closed, so {change} is refused; closed goals cannot be reopened. \
+             Create a new goal instead"
+        )));
+    }
+    Ok(goal)
+}
+
 /// The error for a run id that the goal does not have (exit 3).
 pub(crate) fn unknown_run(goal_id: &str, run_id: &str) -> LoopxError {
     crate::error::not_found(msg![

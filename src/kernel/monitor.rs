@@ -16,7 +16,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::todo::write::{MAX_TEXT, NewTodo, add_evidence, insert_new_todo};
-use super::{Actor, Kernel, log_op, require_goal, require_todo};
+use super::{Actor, Kernel, log_op, require_goal, require_todo, require_unclosed_goal};
 use crate::clock::now_ms;
 use crate::error::{Message, Param, Part, Result, bad_input, conflict, msg, refused};
 use crate::ids::validate_token;
@@ -537,7 +537,7 @@ impl Kernel {
         }
         self.write(|tx| {
             let now = now_ms();
-            require_goal(tx, goal_id)?;
+            require_unclosed_goal(tx, goal_id, "a new todo")?;
             check_spec(&spec, now)?;
             let todo = insert_new_todo(tx, goal_id, new, now)?;
             let m = Monitor {
@@ -616,6 +616,7 @@ impl Kernel {
         }
         self.write(|tx| {
             let now = now_ms();
+            require_unclosed_goal(tx, goal_id, "a monitor check")?;
             let (todo, mut m) = require_monitor(tx, goal_id, todo_id)?;
             super::todo::write::authorize_write(&todo, actor)?;
             if todo.status.is_terminal() {

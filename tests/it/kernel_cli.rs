@@ -1056,3 +1056,112 @@ fn repeats_report_what_happened() {
     ]);
     assert_eq!(r["changed"], true);
 }
+
+/// Closing a goal is final: it takes no new todos or monitors, none of its todos reopens or
+/// changes plan, no monitor check or provider probe runs, and each refusal leaves the store as it
+/// was. What is left can still be completed or archived, with evidence.
+#[test]
+fn a_closed_goal_takes_no_new_or_reopened_work() {
+    let p = Project::new();
+    let goal = p.goal("g");
+    let open = p.add_todo(&goal, "left open", &[]);
+    let other = p.add_todo(&goal, "also left", &[]);
+    let monitor = p.add_todo(&goal, "watch", &["--kind", "monitor", "--every", "1h"]);
+    p.json(&["goal", "close", "--goal-id", &goal]);
+    let before = p.db_dump(None);
+    let g = ["--goal-id", goal.as_str()];
+    let refused: Vec<Vec<&str>> = vec![
+        [&["todo", "add"][..], &g, &["--title", "more work"]].concat(),
+        [
+            &["todo", "add"][..],
+            &g,
+            &["--title", "m", "--kind", "monitor", "--every", "1h"],
+        ]
+        .concat(),
+        [
+            &["todo", "update"][..],
+            &g,
+            &["--todo-id", &open, "--status", "blocked"],
+        ]
+        .concat(),
+        [
+            &["todo", "update"][..],
+            &g,
+            &["--todo-id", &open, "--title", "renamed"],
+        ]
+        .concat(),
+        [
+            &["todo", "update"][..],
+            &g,
+            &["--todo-id", &open, "--priority", "P0"],
+        ]
+        .concat(),
+        [
+            &["todo", "update"][..],
+            &g,
+            &["--todo-id", &monitor, "--every", "2h"],
+        ]
+        .concat(),
+        [
+            &["todo", "check"][..],
+            &g,
+            &["--todo-id", &monitor, "--observation", "v=1"],
+        ]
+        .concat(),
+        [
+            &["probe", "set"][..],
+            &g,
+            &[
+                "--provider",
+                "ext/p",
+                "--operation",
+                "read",
+                "--target",
+                "x",
+            ],
+        ]
+        .concat(),
+    ];
+    for args in &refused {
+        let run = p.run(args);
+        assert_eq!(run.code, 1, "{args:?}: {run:?}");
+        assert!(
+            run.stderr.contains("goal 'g' is closed"),
+            "{args:?}: {}",
+            run.stderr
+        );
+        assert_eq!(p.db_dump(None), before, "{args:?} changed the store");
+    }
+    p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        &goal,
+        "--todo-id",
+        &open,
+        "--evidence",
+        "what was found",
+    ]);
+    p.json(&["todo", "complete", "--goal-id", &goal, "--todo-id", &open]);
+    p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        &goal,
+        "--todo-id",
+        &other,
+        "--status",
+        "archived",
+    ]);
+    let todos = p.json(&["todo", "list", "--goal-id", &goal])["todos"].clone();
+    let status = |id: &str| {
+        todos
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["id"] == id)
+            .map(|t| t["status"].clone())
+    };
+    assert_eq!(status(&open), Some("completed".into()));
+    assert_eq!(status(&other), Some("archived".into()));
+}

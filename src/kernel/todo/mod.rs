@@ -11,7 +11,7 @@ pub(crate) use write::{add_evidence, authorize_write, check_len, insert_new_todo
 
 use serde_json::json;
 
-use super::{Actor, Kernel, log_op, require_goal, require_todo};
+use super::{Actor, Kernel, log_op, require_goal, require_todo, require_unclosed_goal};
 use crate::clock::now_ms;
 use crate::error::{NextAction, Result, bad_input, conflict, msg, refused};
 use crate::kernel::store::StoreTx;
@@ -104,7 +104,7 @@ pub(crate) fn complete_in_tx(
 impl Kernel {
     pub fn add_todo(&mut self, actor: &Actor, goal_id: &str, new: NewTodo) -> Result<Todo> {
         self.write(|tx| {
-            require_goal(tx, goal_id)?;
+            require_unclosed_goal(tx, goal_id, "a new todo")?;
             let todo = insert_new_todo(tx, goal_id, new, now_ms())?;
             log_op(
                 tx,
@@ -152,8 +152,22 @@ impl Kernel {
                 "status 'claimed' is set by a claim, which grants the lease, not by update",
             ));
         }
+        let replans = patch.title.is_some()
+            || patch.detail.is_some()
+            || patch.priority.is_some()
+            || patch.status.is_some_and(|s| !s.is_terminal())
+            || patch.until.is_some()
+            || !patch.monitor.is_empty();
         self.write(|tx| {
-            require_goal(tx, goal_id)?;
+            if replans {
+                require_unclosed_goal(
+                    tx,
+                    goal_id,
+                    "reopening or changing a todo (only completing, archiving and evidence remain)",
+                )?;
+            } else {
+                require_goal(tx, goal_id)?;
+            }
             let mut todo = require_todo(tx, goal_id, todo_id)?;
             authorize_write(&todo, actor)?;
             let now = now_ms();
