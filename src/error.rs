@@ -184,8 +184,6 @@ fn path_named_in(context: &str) -> PathBuf {
 
 pub type Result<T, E = LoopxError> = std::result::Result<T, E>;
 
-/// Shorthand constructors used throughout the kernel; each takes a complete, actionable sentence
-/// (plain text, or a [`msg!`] with typed pieces).
 /// ` '<value>'` for a message about a value the caller gave, or its first `max` characters and
 /// its length when longer: a refusal names the value without repeating 100 KB of it.
 pub fn quoted_input(value: &str, max: usize) -> String {
@@ -198,6 +196,8 @@ pub fn quoted_input(value: &str, max: usize) -> String {
     }
 }
 
+// Shorthand constructors used throughout the kernel; each takes a complete, actionable sentence
+// (plain text, or a [`msg!`] with typed pieces).
 pub fn refused(msg: impl Into<Message>) -> LoopxError {
     LoopxError::Refused(msg.into())
 }

@@ -487,7 +487,9 @@ pub struct ScheduleArgs {
     pub every: Option<std::time::Duration>,
     /// Monitors: when the monitor ends; deferred todos: when they resume. RFC 3339 UTC
     /// (2026-12-02T05:00:00Z) or +<duration> from now (+2h).
-    #[arg(long)]
+    // Hyphen values reach the parser, which says what a time looks like: `--until -1h` is a time
+    // in the past, not a flag.
+    #[arg(long, allow_hyphen_values = true)]
     pub until: Option<String>,
     /// Monitors: what is watched (a metric key, a path, a URL), shown to the agent.
     #[arg(long)]

@@ -226,7 +226,12 @@ fn check_spec(spec: &MonitorSpec, now: i64) -> Result<()> {
         return Err(bad_input(msg![
             "a monitor's cadence (",
             Param::Every,
-            format!(") must be between 1s and 30d (got {} ms)", spec.every_ms)
+            if spec.every_ms > MAX_EVERY_MS {
+                // A duration too long to represent arrives saturated: its number means nothing.
+                ") must be between 1s and 30d (got more than 30d)".to_string()
+            } else {
+                format!(") must be between 1s and 30d (got {} ms)", spec.every_ms)
+            }
         ]));
     }
     if let Some(until) = spec.until_at
@@ -606,6 +611,13 @@ impl Kernel {
         observation: &Observation,
         ticket: Option<i64>,
     ) -> Result<CheckReport> {
+        if let Observation::Failed(reason) = observation
+            && reason.trim().is_empty()
+        {
+            return Err(bad_input(
+                "a failed check needs its reason: what could not be observed, and why",
+            ));
+        }
         if let Observation::Value(text) = observation
             && text.len() > MAX_OBSERVATION
         {

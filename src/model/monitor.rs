@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::wire_enum;
-use crate::error::{Result, bad_input};
+use crate::error::{Result, bad_input, quoted_input};
 
 /// Quiet checks multiply the cadence by at most this much (docs/state-model.md, "Monitors").
 pub const BACKOFF_CAP: i64 = 8;
@@ -184,27 +184,34 @@ pub struct Deferral {
     pub until_at: i64,
 }
 
+/// How much of a malformed duration or time an error quotes.
+const QUOTED_CHARS: usize = 32;
+
 /// Parses a duration such as `90s`, `15m`, `1h`, `2d` or `1h30m` into milliseconds (`ms` also
-/// accepted, for tests of short cadences).
+/// accepted, for tests of short cadences). Units go from the largest to the smallest, each at most
+/// once, with nothing around or between them: `1h30h` is a typo for `1h30m`, not 31 hours. A
+/// duration too long to represent saturates, so the caller's range check names the limit.
 pub fn parse_duration_ms(text: &str) -> Result<i64> {
     let bad = || {
         bad_input(format!(
-            "invalid duration '{}': use a number and a unit, e.g. 30s, 15m, 1h, 2d or 1h30m",
-            crate::inert::line(text)
+            "invalid duration{}: use numbers with units from the largest to the smallest, each \
+             once, e.g. 30s, 15m, 1h, 2d or 1h30m",
+            quoted_input(&crate::inert::line(text), QUOTED_CHARS)
         ))
     };
-    let t = text.trim();
-    if t.is_empty() || t.len() > 40 {
+    if text.is_empty() {
         return Err(bad());
     }
     let mut total: i64 = 0;
-    let mut rest = t;
+    let mut previous_unit = i64::MAX;
+    let mut rest = text;
     while !rest.is_empty() {
         let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
         if digits == 0 {
             return Err(bad());
         }
-        let n: i64 = rest[..digits].parse().map_err(|_| bad())?;
+        // Only ASCII digits: the parse fails only on overflow.
+        let n: i64 = rest[..digits].parse().unwrap_or(i64::MAX);
         rest = &rest[digits..];
         let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
         let unit = match &rest[..unit_len] {
@@ -215,33 +222,34 @@ pub fn parse_duration_ms(text: &str) -> Result<i64> {
             "d" => 86_400_000,
             _ => return Err(bad()),
         };
+        if unit >= previous_unit {
+            return Err(bad());
+        }
+        previous_unit = unit;
         rest = &rest[unit_len..];
-        total = n
-            .checked_mul(unit)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(bad)?;
+        total = total.saturating_add(n.saturating_mul(unit));
     }
     Ok(total)
 }
 
 /// Parses `--until`: an RFC 3339 UTC time (`2026-12-02T05:00:00Z`) or `+<duration>` from `now`.
 pub fn parse_until(text: &str, now: i64) -> Result<i64> {
-    let t = text.trim();
+    let t = text;
     if let Some(d) = t.strip_prefix('+') {
         let at = now.saturating_add(parse_duration_ms(d)?);
         if at > crate::clock::LATEST_MS {
             return Err(bad_input(format!(
-                "'+{}' lands after 9999-12-31T23:59:59Z, the latest time LoopX can write: give a \
+                "{} lands after 9999-12-31T23:59:59Z, the latest time LoopX can write: give a \
                  shorter duration or an RFC 3339 time",
-                crate::inert::line(d)
+                quoted_input(&crate::inert::line(t), QUOTED_CHARS).trim_start()
             )));
         }
         return Ok(at);
     }
     crate::clock::parse_rfc3339(t).ok_or_else(|| {
         bad_input(format!(
-            "invalid time '{}': use RFC 3339 UTC like 2026-12-02T05:00:00Z, or +<duration> like +2h",
-            crate::inert::line(t)
+            "invalid time{}: use RFC 3339 UTC like 2026-12-02T05:00:00Z, or +<duration> like +2h",
+            quoted_input(&crate::inert::line(t), QUOTED_CHARS)
         ))
     })
 }
@@ -251,10 +259,51 @@ mod tests {
     use super::*;
 
     #[test]
+    fn durations_take_each_unit_once_largest_first() {
+        for (text, ms) in [
+            ("90s", 90_000),
+            ("15m", 900_000),
+            ("1h30m", 5_400_000),
+            ("2d", 172_800_000),
+            ("1d2h3m4s5ms", 93_784_005),
+            ("0s", 0),
+            ("250ms", 250),
+        ] {
+            assert_eq!(parse_duration_ms(text).unwrap(), ms, "{text}");
+        }
+        for text in [
+            "1h1h", "30m1h", "1h30h", "1s1ms1s", "1h 30m", " 1h", "1h ", "", "h", "1", "1x", "-1h",
+            "1.5h", "+1h", "1H",
+        ] {
+            let err = parse_duration_ms(text).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{text:?}");
+            assert!(err.to_string().contains("largest to the smallest"), "{err}");
+        }
+        for huge in [
+            "999999999999d",
+            "99999999999999999999999999d",
+            "9223372036854775807ms1",
+        ] {
+            let saturated = parse_duration_ms(huge);
+            if huge.ends_with("ms1") {
+                assert!(saturated.is_err(), "{huge}");
+            } else {
+                assert_eq!(saturated.unwrap(), i64::MAX, "{huge}");
+            }
+        }
+        assert!(parse_until(" +1h", 0).is_err());
+    }
+
+    #[test]
     fn an_until_past_the_year_9999_is_refused() {
         let now = 1_796_187_600_000;
         assert_eq!(parse_until("+1d", now).unwrap(), now + 86_400_000);
-        for far in ["+99999999999d", "+106751991d", "+106751991167d"] {
+        for far in [
+            "+99999999999d",
+            "+106751991d",
+            "+106751991167d",
+            "+99999999999999999999999999d",
+        ] {
             let err = parse_until(far, now).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{far}");
             assert!(err.to_string().contains("9999-12-31"), "{err}");
@@ -313,7 +362,7 @@ mod tests {
         assert_eq!(parse_duration_ms("1h30m").unwrap(), 5_400_000);
         assert_eq!(parse_duration_ms("2s").unwrap(), 2_000);
         assert_eq!(parse_duration_ms("250ms").unwrap(), 250);
-        for bad in ["", "h", "1", "1x", "-1h", "1h-", "99999999999999999999d"] {
+        for bad in ["", "h", "1", "1x", "-1h", "1h-"] {
             assert!(parse_duration_ms(bad).is_err(), "{bad}");
         }
         assert_eq!(parse_until("+1m", 1000).unwrap(), 61_000);

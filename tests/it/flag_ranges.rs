@@ -384,3 +384,65 @@ fn text_flags_with_a_shape_are_refused() {
         "0.01",
     ]);
 }
+
+/// `--every`, `--until` and `--failed` are text with a shape: a repeated or misordered unit, a
+/// space, a number too long to represent, a time given as `-1h`, and an empty failure reason are
+/// each refused with exit 2, a message that says what the value should look like, and no change.
+#[test]
+fn monitor_durations_times_and_failure_reasons_with_a_bad_shape_are_refused() {
+    let p = Project::with_goal_g();
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--title",
+        "watch",
+        "--kind",
+        "monitor",
+        "--every",
+        "1h",
+    ]);
+    let before = fingerprint(&p);
+    let update = ["todo", "update", "--goal-id", "g", "--todo-id", "t1"];
+    let check = ["todo", "check", "--goal-id", "g", "--todo-id", "t1"];
+    let shape = "from the largest to the smallest";
+    let far = format!("+{HUGE}d");
+    let huge_days = format!("{HUGE}d");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        ([&update[..], &["--every", "1h1h"]].concat(), shape),
+        ([&update[..], &["--every", "30m1h"]].concat(), shape),
+        ([&update[..], &["--every", " 1h"]].concat(), shape),
+        ([&update[..], &["--every", HUGE]].concat(), shape),
+        (
+            [&update[..], &["--every", &huge_days]].concat(),
+            "got more than 30d",
+        ),
+        (
+            [&update[..], &["--every", "999999999999d"]].concat(),
+            "got more than 30d",
+        ),
+        ([&update[..], &["--until", "-1h"]].concat(), "+<duration>"),
+        ([&update[..], &["--until", " +1h"]].concat(), "+<duration>"),
+        ([&update[..], &["--until", "+1h1h"]].concat(), shape),
+        ([&update[..], &["--until", &far]].concat(), "9999-12-31"),
+        ([&check[..], &["--failed", ""]].concat(), "needs its reason"),
+        (
+            [&check[..], &["--failed", "   "]].concat(),
+            "needs its reason",
+        ),
+    ];
+    for (args, expect) in &cases {
+        let r = p.run(args);
+        assert_eq!(r.code, 2, "{args:?}: {r:?}");
+        assert!(r.stderr.contains(expect), "{args:?}: {}", r.stderr);
+        assert!(
+            !r.stderr.contains(HUGE),
+            "{args:?} echoed the value: {}",
+            r.stderr
+        );
+    }
+    assert_eq!(fingerprint(&p), before);
+    p.ok(&[&update[..], &["--every", "1h30m"]].concat());
+    p.ok(&[&check[..], &["--failed", "the endpoint timed out"]].concat());
+}
