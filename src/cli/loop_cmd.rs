@@ -140,8 +140,18 @@ pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
                 "elapsed",
                 format!("{:.1}s", report.elapsed_ms as f64 / 1000.0),
             ),
+            ("recovered turns", recovered(&report.recovered_turns)),
         ])
         .table(&["#", "todo", "kind", "time", "turn"], rows))
+}
+
+/// The turns of dead drivers a loop settled while it waited, for its text report.
+fn recovered(keys: &[String]) -> String {
+    if keys.is_empty() {
+        "-".to_string()
+    } else {
+        keys.join(", ")
+    }
 }
 
 /// The progress line of one wait of a plain `loop`.
@@ -202,6 +212,7 @@ fn heartbeat(ctx: &Context, args: LoopArgs) -> Result<Output> {
             ("final route", report.final_route.to_string()),
             ("ended monitors", report.ended_monitors.join(", ")),
             ("resumed todos", report.resumed_todos.join(", ")),
+            ("recovered turns", recovered(&report.recovered_turns)),
             (
                 "goal probe runs",
                 report

@@ -22,7 +22,7 @@ use super::journal::{ClaimInfo, JOURNAL_SCHEMA, JournalData};
 use super::lock::{TurnLock, crash_hook};
 use super::outcome::{TurnOutcome, stored_outcome};
 use super::phases::advance;
-use super::recovery::{recover, recover_one};
+use super::recovery::{recover_one, settle_orphans};
 use super::request::{LEASE_MARGIN_SECONDS, TurnRequest, check_request};
 use super::result::REQUEST_SCHEMA;
 use crate::clock::{now_ms, rfc3339};
@@ -43,11 +43,7 @@ pub fn run_turn(kernel: &mut Kernel, req: &TurnRequest) -> Result<TurnOutcome> {
     {
         return replay_or_resume(kernel, req, key, &rec);
     }
-    let recovered_turns: Vec<String> = recover(kernel, Some(&req.goal_id), None)?
-        .into_iter()
-        .filter(|o| o.status != Some(JournalStatus::InProgress))
-        .filter_map(|o| o.turn_key)
-        .collect();
+    let recovered_turns = settle_orphans(kernel, &req.goal_id)?;
     let turn_key = req
         .turn_key
         .clone()

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::TurnResultKind;
 use super::driver::{PROJECTION_INTERVAL_MS, refresh_projection, run_turn};
 use super::host::stop_requested;
 use super::outcome::{TurnOutcome, plan};
 use super::probe_call::ProbeFn;
-use super::recovery::recover;
+use super::recovery::settle_orphans;
 use super::request::TurnRequest;
-use super::{JournalStatus, TurnResultKind};
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input};
 use crate::kernel::Actor;
@@ -184,6 +184,9 @@ pub struct LoopReport {
     pub stop_reason: String,
     pub interrupted: bool,
     pub elapsed_ms: u64,
+    /// Turns of drivers that died, settled by this loop while it waited (`turn recover`'s work:
+    /// a dead driver's turn holds its todo until someone settles it).
+    pub recovered_turns: Vec<String>,
     /// Projection problems (the turns themselves settled).
     pub warnings: Vec<String>,
 }
@@ -249,6 +252,7 @@ pub fn run_loop(
     let mut budget = Budget::new(req.max_turns, req.max_consecutive_failures.max(1));
     budget.max_unvalidated_turns = req.max_unvalidated_turns;
     let mut turns: Vec<TurnOutcome> = Vec::new();
+    let mut recovered_turns: Vec<String> = Vec::new();
     let mut last: Option<TurnOutcome> = None;
     let max_sleep = Duration::from_secs(req.max_sleep_seconds.max(1));
     let mut warnings: Vec<String> = Vec::new();
@@ -335,10 +339,9 @@ pub fn run_loop(
             | LoopDisposition::Replan => {
                 // A crashed agent's turn may be what holds the work: settle orphaned turns of the
                 // goal (live ones are protected by their lock) and decide again at once if any.
-                let settled = recover(kernel, Some(&goal_id), None)?
-                    .iter()
-                    .any(|o| o.status != Some(JournalStatus::InProgress));
-                if settled {
+                let settled = settle_orphans(kernel, &goal_id)?;
+                if !settled.is_empty() {
+                    recovered_turns.extend(settled);
                     last = None;
                     continue;
                 }
@@ -382,6 +385,7 @@ pub fn run_loop(
         stop_reason,
         interrupted: stop_requested(),
         elapsed_ms: started.elapsed().as_millis() as u64,
+        recovered_turns,
     })
 }
 
@@ -444,6 +448,8 @@ pub struct HeartbeatReport {
     pub turns: Vec<TurnOutcome>,
     pub ended_monitors: Vec<String>,
     pub resumed_todos: Vec<String>,
+    /// Turns of drivers that died, settled by this heartbeat while it waited.
+    pub recovered_turns: Vec<String>,
     pub final_route: TurnRoute,
     pub stop_reason: String,
     pub interrupted: bool,
@@ -514,6 +520,7 @@ pub fn run_heartbeat(
         turns: Vec::new(),
         ended_monitors: Vec::new(),
         resumed_todos: Vec::new(),
+        recovered_turns: Vec::new(),
         final_route: TurnRoute::Wait,
         stop_reason: String::new(),
         interrupted: false,
@@ -638,10 +645,9 @@ pub fn run_heartbeat(
                 break format!("turn budget of {} used", budget.max_turns);
             }
             disposition => {
-                let settled = recover(kernel, Some(&goal_id), None)?
-                    .iter()
-                    .any(|o| o.status != Some(JournalStatus::InProgress));
-                if settled {
+                let settled = settle_orphans(kernel, &goal_id)?;
+                if !settled.is_empty() {
+                    report.recovered_turns.extend(settled);
                     last = None;
                     continue;
                 }

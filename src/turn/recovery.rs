@@ -16,6 +16,15 @@ use crate::error::{LoopxError, Result};
 use crate::ids::validate_token;
 use crate::kernel::Kernel;
 
+/// Settles the goal's turns whose driver is gone ([`recover`]) and names the ones it settled.
+pub(crate) fn settle_orphans(kernel: &mut Kernel, goal_id: &str) -> Result<Vec<String>> {
+    Ok(recover(kernel, Some(goal_id), None)?
+        .into_iter()
+        .filter(|o| o.status != Some(JournalStatus::InProgress))
+        .filter_map(|o| o.turn_key)
+        .collect())
+}
+
 /// Settles every unsettled turn (of `goal_id` / `agent_id` when given) whose driver is gone.
 /// Turns still driven by a live process are reported with status `in_progress` and left alone.
 pub fn recover(

@@ -360,3 +360,46 @@ fn sigkill_of_loopx_kills_an_isolated_host_and_its_children_at_once() {
         channel_dirs()
     );
 }
+
+/// A plain loop and the heartbeat tick that find the only work held by a dead driver's turn
+/// settle that turn while they wait, go on, and name it in their report (`recovered_turns`).
+#[test]
+fn a_loop_names_the_dead_drivers_turns_it_settles_while_waiting() {
+    for tick in [false, true] {
+        let p = Project::with_goal_g();
+        p.add_work("t1");
+        let host = p.script("host.sh", &result_host("completed"));
+        let out = p
+            .command(&turn_run("a1", &["--trust-host-completion"], &[&host]))
+            .env("LOOPX_TEST_CRASH_AFTER", "host_execute")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
+        let key = p.hosts_log()[0].split(' ').nth(2).unwrap().to_string();
+        let mut args = vec![
+            "loop",
+            "--goal-id",
+            "g",
+            "--agent-id",
+            "a2",
+            "--max-turns",
+            "3",
+            "--trust-host-completion",
+            "--timeout-seconds",
+            "30",
+            if tick { "--once" } else { "--until-idle" },
+            "--",
+        ];
+        args.push(&host);
+        let r = p.json(&args);
+        let report = if tick { &r["heartbeat"] } else { &r["loop"] };
+        assert_eq!(report["recovered_turns"], serde_json::json!([key]), "{r}");
+        assert!(recover(&p).is_empty(), "the loop left nothing to settle");
+        let text = p.run(&[&args[..args.len() - 2], &["--", &host]].concat());
+        assert!(
+            text.stdout.contains("recovered turns") && text.stdout.contains("  -"),
+            "{}",
+            text.stdout
+        );
+    }
+}
