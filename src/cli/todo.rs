@@ -352,13 +352,7 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
         } => list(&kernel, &goal_id, status),
         TodoCommand::Show { goal_id, todo_id } => {
             let (todo, evidence) = kernel.todo(&goal_id, &todo_id)?;
-            let monitor = kernel.monitor(&goal_id, &todo_id)?;
-            let resumes_at = kernel.deferral(&goal_id, &todo_id)?;
-            let mut out = with_monitor(todo_output("Todo", &todo), monitor.as_ref());
-            if let Some(at) = resumes_at {
-                out.value["todo"]["resumes_at"] = json!(rfc3339(at));
-                out = out.fields([("resumes at", rfc3339(at))]);
-            }
+            let mut out = with_schedule(&kernel, todo_output("Todo", &todo), &todo)?;
             out.value["evidence"] = json!(evidence.iter().map(evidence_json).collect::<Vec<_>>());
             let rows = evidence
                 .iter()
@@ -438,10 +432,8 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
                 until: schedule.until_at()?,
                 monitor: schedule.patch()?,
             };
-            Ok(change_output(
-                "Updated",
-                &kernel.update_todo(&actor, &goal_id, &todo_id, patch)?,
-            ))
+            let change = kernel.update_todo(&actor, &goal_id, &todo_id, patch)?;
+            with_schedule(&kernel, change_output("Updated", &change), &change.todo)
         }
         TodoCommand::Complete {
             goal_id,
@@ -622,6 +614,23 @@ fn monitor_fields(m: &Monitor, now: i64) -> Vec<(&'static str, String)> {
         ),
         ("last failure", opt(&m.last_failure)),
     ]
+}
+
+/// `out` with the todo's schedule, as `todo show` prints it: a monitor's block, a deferred todo's
+/// resume time. Read only for the todos that can have one, so a plain todo costs no read.
+fn with_schedule(kernel: &crate::kernel::Kernel, out: Output, todo: &Todo) -> Result<Output> {
+    let mut out = if todo.kind == TodoKind::Monitor {
+        with_monitor(out, kernel.monitor(&todo.goal_id, &todo.id)?.as_ref())
+    } else {
+        out
+    };
+    if todo.status == TodoStatus::Deferred
+        && let Some(at) = kernel.deferral(&todo.goal_id, &todo.id)?
+    {
+        out.value["todo"]["resumes_at"] = json!(rfc3339(at));
+        out = out.fields([("resumes at", rfc3339(at))]);
+    }
+    Ok(out)
 }
 
 fn with_monitor(mut out: Output, monitor: Option<&Monitor>) -> Output {

@@ -942,3 +942,70 @@ fn the_heartbeat_checks_no_provider_on_a_paused_or_closed_goal() {
     assert_eq!(once(&p, &[])["checks"], serde_json::json!([]));
     assert_eq!(monitor_json(&p, "m")["failures"], 0);
 }
+
+/// `todo update` prints the todo as `todo show` does: a monitor with its schedule as changed, a
+/// deferred todo with its resume time.
+#[test]
+fn todo_update_shows_the_schedule_it_changed() {
+    let p = Project::new();
+    p.goal("g");
+    let m = p.add_todo("g", "watch", &["--kind", "monitor", "--every", "1h"]);
+    let t = p.add_todo("g", "later", &[]);
+    let updated = p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        &m,
+        "--every",
+        "2h",
+        "--target",
+        "rps",
+    ]);
+    assert_eq!(
+        updated["todo"]["monitor"]["every_seconds"], 7200.0,
+        "{updated}"
+    );
+    assert_eq!(updated["todo"]["monitor"]["target"], "rps", "{updated}");
+    let shown = p.json(&["todo", "show", "--goal-id", "g", "--todo-id", &m]);
+    assert_eq!(updated["todo"]["monitor"], shown["todo"]["monitor"]);
+    let deferred = p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        &t,
+        "--status",
+        "deferred",
+        "--until",
+        "+1h",
+    ]);
+    let shown = p.json(&["todo", "show", "--goal-id", "g", "--todo-id", &t]);
+    assert!(deferred["todo"]["resumes_at"].is_string(), "{deferred}");
+    assert_eq!(deferred["todo"]["resumes_at"], shown["todo"]["resumes_at"]);
+    let text = p.ok(&[
+        "todo",
+        "update",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        &t,
+        "--priority",
+        "P1",
+    ]);
+    assert!(text.stdout.contains("resumes at"), "{}", text.stdout);
+    let plain = p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        &t,
+        "--status",
+        "open",
+    ]);
+    assert!(plain["todo"].get("resumes_at").is_none(), "{plain}");
+    assert!(plain["todo"].get("monitor").is_none(), "{plain}");
+}
