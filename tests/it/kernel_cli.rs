@@ -1069,48 +1069,42 @@ fn a_closed_goal_takes_no_new_or_reopened_work() {
     let monitor = p.add_todo(&goal, "watch", &["--kind", "monitor", "--every", "1h"]);
     p.json(&["goal", "close", "--goal-id", &goal]);
     let before = p.db_dump(None);
-    let g = ["--goal-id", goal.as_str()];
-    let refused: Vec<Vec<&str>> = vec![
-        [&["todo", "add"][..], &g, &["--title", "more work"]].concat(),
-        [
-            &["todo", "add"][..],
-            &g,
+    // `todo VERB --goal-id g REST...` and the like.
+    let on_goal = |verb: [&'static str; 2], rest: &[&str]| -> Vec<String> {
+        [&verb[..], &["--goal-id", &goal], rest]
+            .concat()
+            .into_iter()
+            .map(str::to_owned)
+            .collect()
+    };
+    let refused = [
+        on_goal(["todo", "add"], &["--title", "more work"]),
+        on_goal(
+            ["todo", "add"],
             &["--title", "m", "--kind", "monitor", "--every", "1h"],
-        ]
-        .concat(),
-        [
-            &["todo", "update"][..],
-            &g,
+        ),
+        on_goal(
+            ["todo", "update"],
             &["--todo-id", &open, "--status", "blocked"],
-        ]
-        .concat(),
-        [
-            &["todo", "update"][..],
-            &g,
+        ),
+        on_goal(
+            ["todo", "update"],
             &["--todo-id", &open, "--title", "renamed"],
-        ]
-        .concat(),
-        [
-            &["todo", "update"][..],
-            &g,
+        ),
+        on_goal(
+            ["todo", "update"],
             &["--todo-id", &open, "--priority", "P0"],
-        ]
-        .concat(),
-        [
-            &["todo", "update"][..],
-            &g,
+        ),
+        on_goal(
+            ["todo", "update"],
             &["--todo-id", &monitor, "--every", "2h"],
-        ]
-        .concat(),
-        [
-            &["todo", "check"][..],
-            &g,
+        ),
+        on_goal(
+            ["todo", "check"],
             &["--todo-id", &monitor, "--observation", "v=1"],
-        ]
-        .concat(),
-        [
-            &["probe", "set"][..],
-            &g,
+        ),
+        on_goal(
+            ["probe", "set"],
             &[
                 "--provider",
                 "ext/p",
@@ -1119,11 +1113,11 @@ fn a_closed_goal_takes_no_new_or_reopened_work() {
                 "--target",
                 "x",
             ],
-        ]
-        .concat(),
+        ),
     ];
     for args in &refused {
-        let run = p.run(args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = p.run(&args);
         assert_eq!(run.code, 1, "{args:?}: {run:?}");
         assert!(
             run.stderr.contains("goal 'g' is closed"),

@@ -611,6 +611,17 @@ fn live_and_terminal_statuses_partition_the_statuses() {
     }
 }
 
+/// A new database file at `path` with the migrations up to `version` applied, as a binary of that
+/// schema version left it.
+fn database_at_version(path: &Path, version: i64) -> Connection {
+    let conn = Connection::open(path).unwrap();
+    for (v, sql) in MIGRATIONS.iter().filter(|m| m.0 <= version) {
+        conn.execute_batch(sql).unwrap();
+        conn.pragma_update(None, "user_version", v).unwrap();
+    }
+    conn
+}
+
 /// Migration 16 folds the monitor, goal-probe and retention-policy columns into one JSON object
 /// each and the commit counter into `store_meta`: a database at version 15 reads back every
 /// field of every row after the upgrade, set or unset.
@@ -621,11 +632,7 @@ fn migration_16_keeps_every_field_of_monitors_probes_the_policy_and_the_counter(
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("loopx.db");
     {
-        let conn = Connection::open(&path).unwrap();
-        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 15) {
-            conn.execute_batch(sql).unwrap();
-            conn.pragma_update(None, "user_version", version).unwrap();
-        }
+        let conn = database_at_version(&path, 15);
         conn.execute_batch(
             "INSERT INTO monitors (goal_id, todo_id, every_ms, until_at, target, follow_up, \
              max_no_change, probe, next_due_at, last_check_at, last_digest, last_result, \
@@ -760,11 +767,7 @@ fn migration_16_refuses_a_monitor_probe_that_is_not_json() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("loopx.db");
     {
-        let conn = Connection::open(&path).unwrap();
-        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 15) {
-            conn.execute_batch(sql).unwrap();
-            conn.pragma_update(None, "user_version", version).unwrap();
-        }
+        let conn = database_at_version(&path, 15);
         conn.execute_batch(
             "INSERT INTO monitors (goal_id, todo_id, every_ms, follow_up, max_no_change, probe, \
              next_due_at, created_at, updated_at) VALUES ('g', 'm', 1000, 'none', 3, '{broken', \
