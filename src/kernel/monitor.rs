@@ -327,9 +327,12 @@ pub(crate) fn apply_patch_in_tx(
         probe: patch.probe.clone().or(m.probe.clone()),
     };
     check_spec(&spec, now)?;
-    if spec.every_ms != m.every_ms {
-        // A new cadence counts from the last check (or from now for a monitor never checked).
-        m.next_due_at = m.last_check_at.unwrap_or(now) + spec.every_ms;
+    if spec.every_ms != m.every_ms
+        && let Some(last) = m.last_check_at
+    {
+        // A new cadence counts from the last check. A monitor never checked keeps its first
+        // check (the baseline) where it is: due at once from its creation.
+        m.next_due_at = last.saturating_add(spec.every_ms);
     }
     m.every_ms = spec.every_ms;
     m.until_at = spec.until_at;

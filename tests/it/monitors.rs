@@ -968,8 +968,42 @@ fn todo_update_shows_the_schedule_it_changed() {
         "{updated}"
     );
     assert_eq!(updated["todo"]["monitor"]["target"], "rps", "{updated}");
+    // Never checked: the new cadence leaves the first check (the baseline) due at once.
+    assert_eq!(updated["todo"]["monitor"]["due"], true, "{updated}");
     let shown = p.json(&["todo", "show", "--goal-id", "g", "--todo-id", &m]);
     assert_eq!(updated["todo"]["monitor"], shown["todo"]["monitor"]);
+    // Once checked, a new cadence counts from the last check.
+    p.ok(&[
+        "todo",
+        "check",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        &m,
+        "--observation",
+        "v=1",
+    ]);
+    let recadenced = p.json(&[
+        "todo",
+        "update",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        &m,
+        "--every",
+        "3h",
+    ]);
+    let monitor = &recadenced["todo"]["monitor"];
+    assert_eq!(monitor["due"], false, "{recadenced}");
+    let at = |v: &Value| {
+        v.as_str()
+            .and_then(loopx::clock::parse_rfc3339)
+            .unwrap_or_else(|| panic!("a time: {recadenced}"))
+    };
+    assert_eq!(
+        at(&monitor["next_due_at"]) - at(&monitor["last_check_at"]),
+        3 * 3_600_000
+    );
     let deferred = p.json(&[
         "todo",
         "update",
