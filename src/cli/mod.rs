@@ -62,8 +62,8 @@ pub struct Cli {
     pub root: Option<PathBuf>,
     // `--format`, `-q` and `-v` hold nothing when not given (no clap default, `Option`): clap
     // copies every global argument that has a match, a default included, into each level of the
-    // invoked subcommand, and those copies were a twentieth of a short command's instructions
-    // (docs/benchmarks.md). Read them through `format()` and `verbosity()`.
+    // invoked subcommand, and those copies were a visible share of a short command's
+    // instructions (docs/benchmarks.md). Read them through `format()` and `verbosity()`.
     /// Output format [default: text].
     #[arg(long, global = true, value_enum)]
     pub format: Option<Format>,

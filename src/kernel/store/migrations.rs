@@ -417,8 +417,8 @@ CREATE INDEX todos_by_capability ON todos(goal_id, capability) WHERE capability 
 "#;
 
 /// Fewer schema objects and columns. Every process parses the whole schema before its first
-/// statement, at about a thousand instructions per column and more per table, so the parse grows
-/// with each table a feature adds (docs/benchmarks.md). A monitor's and a
+/// statement, at a cost per column and per table, so the parse grows with each table a feature
+/// adds (docs/benchmarks.md). A monitor's and a
 /// goal probe's fields other than the keys their queries use move into one JSON object each
 /// (`state`, read and written whole by the store), and the commit counter and the retention
 /// policy share one row (`store_meta`). The small tables are rebuilt; nothing else is touched.
