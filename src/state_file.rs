@@ -21,6 +21,13 @@ pub fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
+/// The `n`th other temp name of `path` for this process, `.<name>.<pid>~<n>.tmp`: for a write of
+/// a file another of its threads is writing, or whose [`temp_path`] is taken by something else.
+pub fn numbered_temp_path(path: &Path, n: u32) -> PathBuf {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    path.with_file_name(format!(".{name}.{}~{n}.tmp", std::process::id()))
+}
+
 /// Whether a process with this pid exists (it may not be the writer: a reused pid keeps the file
 /// until a later `gc`, which errs on the side of keeping).
 pub fn process_alive(pid: u32) -> bool {
@@ -106,7 +113,9 @@ pub fn temp_writer_pid(file_name: &str) -> Option<u32> {
         .unwrap_or(file_name);
     let rest = file_name.strip_prefix('.')?.strip_suffix(".tmp")?;
     let (name, pid) = rest.rsplit_once('.')?;
-    if name.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+    let (pid, n) = pid.split_once('~').unwrap_or((pid, "0"));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if name.is_empty() || !digits(pid) || !digits(n) {
         return None;
     }
     pid.parse().ok()
@@ -173,6 +182,27 @@ pub const MAX_RECORD_BYTES: u64 = 64 << 10;
 mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
+
+    #[test]
+    fn both_temp_names_tell_their_writer_and_nothing_else_does() {
+        let path = Path::new("/p/.loopx/goals/g/state.json");
+        let name = |p: PathBuf| p.file_name().unwrap().to_str().unwrap().to_string();
+        let me = Some(std::process::id());
+        assert_eq!(temp_writer_pid(&name(temp_path(path))), me);
+        assert_eq!(temp_writer_pid(&name(numbered_temp_path(path, 7))), me);
+        assert_eq!(temp_writer_pid(".loopx.db.12.tmp-journal"), Some(12));
+        for other in [
+            "state.json",
+            ".state.json.spare",
+            ".state.json.stamp",
+            ".state.json.12~.tmp",
+            ".state.json.~3.tmp",
+            ".state.json.12~x.tmp",
+            "..12.tmp",
+        ] {
+            assert_eq!(temp_writer_pid(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn only_regular_files_within_the_bound_are_read() {

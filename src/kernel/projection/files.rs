@@ -1,12 +1,14 @@
 //! Writing projection files so that no reader ever sees half of one, and no file someone edited
-//! by hand is silently replaced: atomic replacement through a temp file, write-once run reports,
-//! and the write stamps that let a JSON projection LoopX wrote itself be trusted from one `stat`.
+//! by hand is silently replaced: atomic replacement through the projection's spare
+//! (`spare.rs`) or a temp file, write-once run reports, and the write stamps that let a JSON projection LoopX wrote itself be trusted from one `stat`.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+#[cfg(target_os = "linux")]
+use super::spare::Spare;
 use crate::error::{LoopxError, NextAction, Result, msg};
 
 /// Fails with exit 5 when `path` exists, is not empty, and is not valid JSON.
@@ -173,39 +175,88 @@ pub(super) fn with_temp_file(
 }
 
 /// [`with_temp_file`], except that `write` may decline (`Ok(None)`) once it has seen what it
-/// builds on: the temp file is then removed, `path` is left as it is, and the result is `None`.
+/// builds on: `path` is then left as it is, and the result is `None`. The content is written into
+/// the projection's spare when it can be (`Spare`), otherwise into a new temp file.
 pub(super) fn with_temp_file_unless_declined(
     path: &Path,
     write: impl FnOnce(File) -> std::io::Result<Option<File>>,
 ) -> Result<Option<std::fs::Metadata>> {
-    let tmp = temp_path_beside(path)?;
+    make_parent_dir(path)?;
+    #[cfg(target_os = "linux")]
+    if let Some(spare) = Spare::lease(path) {
+        return spare
+            .write_into(path, write)
+            .map_err(|e| LoopxError::internal(format!("writing {}", path.display()), e));
+    }
+    write_through_temp(path, write)
+}
+
+/// Writes `path` through a new temp file beside it, which is then put in its place.
+fn write_through_temp(
+    path: &Path,
+    write: impl FnOnce(File) -> std::io::Result<Option<File>>,
+) -> Result<Option<std::fs::Metadata>> {
+    let failed = |e| LoopxError::internal(format!("writing {}", path.display()), e);
+    let (tmp, file) = create_temp(path).map_err(failed)?;
     let result = (|| -> std::io::Result<Option<std::fs::Metadata>> {
-        let Some(file) = write(File::create(&tmp)?)? else {
+        let Some(file) = write(file)? else {
             std::fs::remove_file(&tmp)?;
             return Ok(None);
         };
         let meta = file.metadata()?;
         drop(file);
-        replace(&tmp, path)?;
+        replace(&tmp, path, Old::Remove)?;
         Ok(Some(meta))
     })();
     result.map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        LoopxError::internal(format!("writing {}", path.display()), e)
+        failed(e)
     })
 }
 
-/// The temp file a write of `path` goes through ([`crate::state_file::temp_path`]), its
-/// directory made if missing.
-fn temp_path_beside(path: &Path) -> Result<PathBuf> {
+/// Makes the directory a projection is written in, if missing.
+fn make_parent_dir(path: &Path) -> Result<()> {
     let dir = path.parent().expect("projection paths have a parent");
     std::fs::create_dir_all(dir)
-        .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
-    Ok(crate::state_file::temp_path(path))
+        .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))
+}
+
+/// Creates the temp file a write of `path` goes through ([`crate::state_file::temp_path`]).
+/// Only a file this call creates is written: a name already taken (by another thread's write of
+/// the same file, a file left by a killed process that had this pid, or a link planted to make
+/// the write land elsewhere) is left alone and the next numbered name tried.
+pub(super) fn create_temp(path: &Path) -> std::io::Result<(PathBuf, File)> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NUMBERED: AtomicU32 = AtomicU32::new(1);
+    let mut tmp = crate::state_file::temp_path(path);
+    for _ in 0..16 {
+        match File::options().write(true).create_new(true).open(&tmp) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let n = NUMBERED.fetch_add(1, Ordering::Relaxed);
+                tmp = crate::state_file::numbered_temp_path(path, n);
+            }
+            created => return created.map(|file| (tmp, file)),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("every temp name tried for {} is taken", path.display()),
+    ))
+}
+
+/// What becomes of the file a replacement puts out of place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(super) enum Old {
+    /// Unlinked: readers that have it open keep reading it whole.
+    Remove,
+    /// Kept under the name the new content came from, as the projection's next spare, if it is
+    /// a regular file with no other name.
+    KeepAsSpare,
 }
 
 /// Puts `tmp` in `path`'s place. On Linux the two are exchanged (`renameat2` with
-/// `RENAME_EXCHANGE`) and the old content, now at `tmp`, is unlinked. A plain rename over an
+/// `RENAME_EXCHANGE`) and the old content, now at `tmp`, is unlinked or kept as `old` says. A plain rename over an
 /// existing file makes ext4 allocate and start writing the new file at once (its `auto_da_alloc`
 /// safeguard), and the next fsync of the database, a command later, then waits for that data
 /// (docs/benchmarks.md has what both cost).
@@ -215,17 +266,21 @@ fn temp_path_beside(path: &Path) -> Result<PathBuf> {
 /// the path's place (an operator's directory, a FIFO, a device) was put there by someone, so it
 /// is exchanged back and the write fails naming it: an exchange would otherwise move it to a
 /// temp name that `gc` deletes, and a plain rename refuses a directory but takes a FIFO's place.
-pub(super) fn replace(tmp: &Path, path: &Path) -> std::io::Result<()> {
+pub(super) fn replace(tmp: &Path, path: &Path, old: Old) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         match exchange(tmp, path) {
             Ok(()) => {
-                let old = std::fs::symlink_metadata(tmp)?.file_type();
-                if old.is_file() || old.is_symlink() {
+                let meta = std::fs::symlink_metadata(tmp)?;
+                let kind = meta.file_type();
+                if kind.is_file() && old == Old::KeepAsSpare && meta.nlink() == 1 {
+                    return Ok(());
+                }
+                if kind.is_file() || kind.is_symlink() {
                     return std::fs::remove_file(tmp);
                 }
                 exchange(tmp, path)?;
-                return Err(not_a_file_in_place(old));
+                return Err(not_a_file_in_place(kind));
             }
             Err(err) => match err.raw_os_error() {
                 Some(libc::ENOENT | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {}
@@ -296,7 +351,13 @@ fn not_a_file_in_place(kind: std::fs::FileType) -> std::io::Error {
 /// non-empty one, and goes through a temp file so a reader never sees half a report.
 pub(super) fn write_once(path: &Path, bytes: &[u8]) -> Result<()> {
     refuse_existing(path)?;
-    write_atomic(path, bytes)
+    make_parent_dir(path)?;
+    // A new file has no previous generation to keep as a spare.
+    write_through_temp(path, |mut file| {
+        file.write_all(bytes)?;
+        Ok(Some(file))
+    })
+    .map(drop)
 }
 
 /// The refusal to replace a write-once file (a conflict: another process wrote it first, or it
@@ -322,9 +383,10 @@ pub(super) struct PendingFile {
 
 impl PendingFile {
     pub(super) fn create(path: &Path) -> Result<PendingFile> {
-        let tmp = temp_path_beside(path)?;
-        let file = File::create(&tmp)
-            .map_err(|e| LoopxError::internal(format!("creating {}", tmp.display()), e))?;
+        make_parent_dir(path)?;
+        let (tmp, file) = create_temp(path).map_err(|e| {
+            LoopxError::internal(format!("creating a temp file for {}", path.display()), e)
+        })?;
         Ok(PendingFile {
             path: path.to_path_buf(),
             tmp,
@@ -345,7 +407,7 @@ impl PendingFile {
         let done = out
             .into_inner()
             .map_err(|e| e.into_error())
-            .and_then(|_| replace(&self.tmp, &self.path));
+            .and_then(|_| replace(&self.tmp, &self.path, Old::Remove));
         done.map_err(|e| {
             let _ = std::fs::remove_file(&self.tmp);
             LoopxError::internal(format!("writing {}", self.path.display()), e)

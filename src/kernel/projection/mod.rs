@@ -3,7 +3,8 @@
 //!
 //! Projections are for people and agents that read files; they are always re-creatable from the
 //! database, whose commit is the only durability point of a command. They are written atomically
-//! (temp file, rename) so a reader sees the old or the new content, but not fsynced: that would cost
+//! (into the previous generation kept as a spare, or a temp file, then exchanged into place) so a
+//! reader sees the old or the new content, but not fsynced: that would cost
 //! an fsync per file on every tick for data the database already holds. After a power cut a
 //! just-renamed file can come back empty; an empty projection is therefore treated as missing and
 //! re-created. A non-empty projection that no longer parses is reported as corrupt instead of being
@@ -27,6 +28,8 @@ use serde_json::{Value, json};
 mod files;
 mod markdown;
 mod quota_refresh;
+#[cfg(target_os = "linux")]
+mod spare;
 mod wire;
 
 pub(crate) use files::check_before_overwrite;
