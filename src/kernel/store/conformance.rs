@@ -655,10 +655,10 @@ pub(crate) fn a_rolled_back_write_leaves_nothing(open: Factory<'_>) {
     );
 }
 
-/// The commit counter rises by one with each commit that changed a row, from any handle, and
-/// by nothing for a commit that changed none or a transaction rolled back; a snapshot keeps the
-/// value it began with. Projections rely on it to know nothing else committed since they were
-/// rendered.
+/// The commit counter rises by one with each commit that changed a row and appended at most one
+/// operation, from any handle, and by nothing for a commit that changed none or a transaction
+/// rolled back; a snapshot keeps the value it began with. Projections rely on it to know nothing
+/// else committed since they were rendered.
 pub(crate) fn the_commit_counter_counts_commits_that_change_rows(open: Factory<'_>) {
     use super::CommitSeq;
     let mut a = open();
@@ -691,6 +691,36 @@ pub(crate) fn the_commit_counter_counts_commits_that_change_rows(open: Factory<'
         tx.insert_goal(&goal("dropped")).unwrap();
     }
     assert_eq!(seq(&*a), CommitSeq(start.0 + 2));
+
+    // A commit that logs its operation counts once, as does one that logs nothing; two
+    // operations count at least twice, so a projection never takes them for one commit.
+    let op = |id: &str| super::OpRecord {
+        id: id.into(),
+        goal_id: Some("g".into()),
+        actor: "operator".into(),
+        kind: "todo.add".into(),
+        detail: serde_json::json!({}),
+        created_at: 1,
+    };
+    let tx = a.begin_write().unwrap();
+    tx.insert_todo(&todo("g", "t2")).unwrap();
+    tx.append_op(&op("op1")).unwrap();
+    assert_eq!(tx.commit().unwrap(), CommitSeq(start.0 + 3));
+    let tx = b.begin_write().unwrap();
+    tx.insert_todo(&todo("g", "t3")).unwrap();
+    assert_eq!(tx.commit().unwrap(), CommitSeq(start.0 + 4));
+    let tx = a.begin_write().unwrap();
+    tx.append_op(&op("op2")).unwrap();
+    tx.append_op(&op("op3")).unwrap();
+    assert!(tx.commit().unwrap() > CommitSeq(start.0 + 5));
+    {
+        let tx = b.begin_write().unwrap();
+        tx.append_op(&op("op4")).unwrap();
+    }
+    let after_rollback = seq(&*b);
+    let tx = b.begin_write().unwrap();
+    tx.append_op(&op("op5")).unwrap();
+    assert_eq!(tx.commit().unwrap(), after_rollback.next());
 }
 
 fn monitor(goal_id: &str, todo_id: &str, next_due_at: i64) -> crate::model::Monitor {

@@ -75,10 +75,11 @@ pub struct CompactableTurn {
     pub data_bytes: i64,
 }
 
-/// The number of write transactions that changed a row, as of a snapshot: the store's commit
-/// counter. Commits are serialized, so a snapshot at `n` followed by exactly one commit is at
-/// `n.next()`; a projection stamped with the `seq` it was rendered at is current as long as the
-/// counter has not moved.
+/// The store's commit counter, as of a snapshot: every write transaction that changes a row
+/// raises it, one that appends at most one operation to the log by exactly one (a backend may
+/// count the log's rows instead of writing a counter of its own). Commits are serialized, so a
+/// snapshot at `n` followed by a commit at `n.next()` saw every commit but that one; a projection
+/// stamped with the `seq` it was rendered at is current as long as the counter has not moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CommitSeq(pub u64);
 

@@ -1,4 +1,5 @@
-//! The operation log: one row appended by every committed kernel mutation.
+//! The operation log: one row appended by every committed kernel mutation. Its rows are never
+//! deleted: the commit counter (`Db::commit_seq`) and the change watcher count them by rowid.
 
 use super::*;
 

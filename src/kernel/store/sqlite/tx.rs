@@ -72,9 +72,12 @@ impl<'a> Db<'a> {
 }
 
 impl Db<'_> {
+    /// The commits that appended no operation plus the operation log's newest rowid: every
+    /// commit that changes a row raises one of the two (the log's rows are never deleted, so its
+    /// rowids only grow), and one that appends a single operation or none raises the sum by one.
     pub(super) fn commit_seq(&self) -> Result<CommitSeq> {
         self.query_one(
-            "SELECT commit_seq FROM store_meta WHERE id = 1",
+            "SELECT commit_seq + coalesce((SELECT max(rowid) FROM ops), 0) FROM store_meta WHERE id = 1",
             [],
             |r| r.get(0).map(CommitSeq),
             "reading the commit counter",
@@ -113,6 +116,8 @@ pub(super) struct SqliteTx<'a, M: Mode> {
     /// The connection's count of changed rows when the transaction began: a commit raises the
     /// commit counter only when it moved.
     changes_at_begin: u64,
+    /// Whether this transaction appended to the operation log, which then counts the commit.
+    appended_op: std::cell::Cell<bool>,
     mode: PhantomData<M>,
 }
 
@@ -136,6 +141,7 @@ impl<'a, M: Mode> SqliteTx<'a, M> {
             db,
             finished: joined,
             changes_at_begin: conn.total_changes(),
+            appended_op: std::cell::Cell::new(false),
             mode: PhantomData,
         })
     }
@@ -378,16 +384,17 @@ impl<M: Mode> StoreRead for SqliteTx<'_, M> {
 impl StoreTx for SqliteTx<'_, Write> {
     fn commit(mut self: Box<Self>) -> Result<CommitSeq> {
         let Db { conn, path } = self.db;
-        let seq = if conn.total_changes() == self.changes_at_begin {
-            self.db.commit_seq()?
-        } else {
+        // A commit that appended to the operation log is counted by the log's new row; only one
+        // that changed rows without it writes the counter's own row.
+        if conn.total_changes() != self.changes_at_begin && !self.appended_op.get() {
             self.db.query_one(
-                "UPDATE store_meta SET commit_seq = commit_seq + 1 WHERE id = 1 RETURNING commit_seq",
+                "UPDATE store_meta SET commit_seq = commit_seq + 1 WHERE id = 1 RETURNING 0",
                 [],
-                |r| r.get(0).map(CommitSeq),
+                |r| r.get::<_, i64>(0),
                 "counting the commit",
-            )?
-        };
+            )?;
+        }
+        let seq = self.db.commit_seq()?;
         conn.execute_batch("COMMIT")
             .map_err(|e| map_err_errno(path, "committing", e, system_errno(conn)))?;
         self.finished = true;
@@ -440,7 +447,9 @@ impl StoreTx for SqliteTx<'_, Write> {
     }
 
     fn append_op(&self, op: &OpRecord) -> Result<()> {
-        self.db.append_op(op)
+        self.db.append_op(op)?;
+        self.appended_op.set(true);
+        Ok(())
     }
 
     fn upsert_extension(&self, rec: &ExtensionRecord) -> Result<()> {
