@@ -17,15 +17,20 @@ use std::path::{Path, PathBuf};
 /// file apart, and lets `gc` tell the temp file of a write that was killed
 /// ([`temp_writer_pid`]) from one in progress.
 pub fn temp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+    companion_path(path, &format!("{}.tmp", std::process::id()))
 }
 
 /// The `n`th other temp name of `path` for this process, `.<name>.<pid>~<n>.tmp`: for a write of
 /// a file another of its threads is writing, or whose [`temp_path`] is taken by something else.
 pub fn numbered_temp_path(path: &Path, n: u32) -> PathBuf {
+    companion_path(path, &format!("{}~{n}.tmp", std::process::id()))
+}
+
+/// `.<name>.<suffix>` beside `path`: the hidden companions of a file (its temp files, its write
+/// stamp, its spare).
+pub fn companion_path(path: &Path, suffix: &str) -> PathBuf {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    path.with_file_name(format!(".{name}.{}~{n}.tmp", std::process::id()))
+    path.with_file_name(format!(".{name}.{suffix}"))
 }
 
 /// Whether a process with this pid exists (it may not be the writer: a reused pid keeps the file

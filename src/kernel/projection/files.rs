@@ -56,11 +56,7 @@ pub(crate) fn check_before_overwrite(path: &Path) -> Result<()> {
 }
 
 pub(super) fn stamp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("projection");
-    path.with_file_name(format!(".{name}.stamp"))
+    crate::state_file::companion_path(path, "stamp")
 }
 
 /// Length, modification time and inode, each zero-padded to a fixed width (see [`write_stamp`]).
@@ -181,13 +177,14 @@ pub(super) fn with_temp_file_unless_declined(
     path: &Path,
     write: impl FnOnce(File) -> std::io::Result<Option<File>>,
 ) -> Result<Option<std::fs::Metadata>> {
-    make_parent_dir(path)?;
+    // A spare opens only in an existing directory; the temp route makes a missing one.
     #[cfg(target_os = "linux")]
     if let Some(spare) = Spare::lease(path) {
         return spare
             .write_into(path, write)
             .map_err(|e| LoopxError::internal(format!("writing {}", path.display()), e));
     }
+    make_parent_dir(path)?;
     write_through_temp(path, write)
 }
 
@@ -299,6 +296,12 @@ pub(super) fn replace(tmp: &Path, path: &Path, old: Old) -> std::io::Result<()> 
 /// `renameat2(RENAME_EXCHANGE)`: swaps the two entries atomically.
 #[cfg(target_os = "linux")]
 fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    renameat2(a, b, libc::RENAME_EXCHANGE)
+}
+
+/// `renameat2` with `flags`, both paths relative to the working directory.
+#[cfg(target_os = "linux")]
+fn renameat2(a: &Path, b: &Path, flags: libc::c_uint) -> std::io::Result<()> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
     let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
@@ -310,7 +313,7 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
             a.as_ptr(),
             libc::AT_FDCWD,
             b.as_ptr(),
-            libc::RENAME_EXCHANGE,
+            flags,
         )
     };
     if rc == 0 {
@@ -350,14 +353,33 @@ fn not_a_file_in_place(kind: std::fs::FileType) -> std::io::Error {
 /// Writes a file that must never change once written (run reports): refuses to replace a
 /// non-empty one, and goes through a temp file so a reader never sees half a report.
 pub(super) fn write_once(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut pending = PendingFile::create(path)?;
+    pending.write(bytes)?;
+    pending.commit_once()
+}
+
+/// Puts the temp file of a write-once file in place, unless a file with content is there (a
+/// conflict). On Linux the rename itself refuses to replace anything (`RENAME_NOREPLACE`), so a
+/// file another process put there between a check and the rename is never replaced; only an
+/// empty one, which is what a power cut leaves of a file renamed into place, is.
+fn put_once(tmp: &Path, path: &Path) -> Result<()> {
+    let failed = |e| LoopxError::internal(format!("writing {}", path.display()), e);
+    #[cfg(target_os = "linux")]
+    match rename_noreplace(tmp, path) {
+        Ok(()) => return Ok(()),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::EEXIST | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {}
+            _ => return Err(failed(e)),
+        },
+    }
     refuse_existing(path)?;
-    make_parent_dir(path)?;
-    // A new file has no previous generation to keep as a spare.
-    write_through_temp(path, |mut file| {
-        file.write_all(bytes)?;
-        Ok(Some(file))
-    })
-    .map(drop)
+    replace(tmp, path, Old::Remove).map_err(failed)
+}
+
+/// `renameat2(RENAME_NOREPLACE)`: fails with `EEXIST` instead of replacing `to`.
+#[cfg(target_os = "linux")]
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    renameat2(from, to, libc::RENAME_NOREPLACE)
 }
 
 /// The refusal to replace a write-once file (a conflict: another process wrote it first, or it
@@ -402,16 +424,17 @@ impl PendingFile {
 
     /// Puts the file in place, unless one was written there meanwhile (a conflict).
     pub(super) fn commit_once(mut self) -> Result<()> {
-        refuse_existing(&self.path)?;
         let out = self.out.take().expect("committed once");
         let done = out
             .into_inner()
-            .map_err(|e| e.into_error())
-            .and_then(|_| replace(&self.tmp, &self.path, Old::Remove));
-        done.map_err(|e| {
+            .map_err(|e| {
+                LoopxError::internal(format!("writing {}", self.path.display()), e.into_error())
+            })
+            .and_then(|_| put_once(&self.tmp, &self.path));
+        if done.is_err() {
             let _ = std::fs::remove_file(&self.tmp);
-            LoopxError::internal(format!("writing {}", self.path.display()), e)
-        })
+        }
+        done
     }
 }
 
@@ -427,6 +450,25 @@ impl Drop for PendingFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_once_file_is_never_replaced_but_an_empty_one_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("report.json");
+        write_once(&path, b"{\"first\": 1}").unwrap();
+        let err = write_once(&path, b"{\"second\": 2}").unwrap_err();
+        assert!(matches!(err, LoopxError::Conflict(_)), "{err:?}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"first\": 1}");
+        // What a power cut leaves of a file renamed into place.
+        std::fs::write(&path, b"").unwrap();
+        write_once(&path, b"{\"third\": 3}").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"third\": 3}");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["report.json"]);
+    }
 
     #[test]
     fn write_stamp_is_rewritten_in_place_and_covers_a_longer_one() {

@@ -24,11 +24,7 @@ use std::path::{Path, PathBuf};
 
 /// The name of the spare of `path`.
 pub(super) fn spare_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("projection");
-    path.with_file_name(format!(".{name}.spare"))
+    crate::state_file::companion_path(path, "spare")
 }
 
 /// A projection's spare, open for writing under this process's write lease.
