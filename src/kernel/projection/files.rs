@@ -8,6 +8,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 #[cfg(target_os = "linux")]
+use super::place::rename_noreplace;
+use super::place::{Old, create_temp, replace};
+#[cfg(target_os = "linux")]
 use super::spare::Spare;
 use crate::error::{LoopxError, NextAction, Result, msg};
 
@@ -218,138 +221,6 @@ fn make_parent_dir(path: &Path) -> Result<()> {
         .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))
 }
 
-/// Creates the temp file a write of `path` goes through ([`crate::state_file::temp_path`]).
-/// Only a file this call creates is written: a name already taken (by another thread's write of
-/// the same file, a file left by a killed process that had this pid, or a link planted to make
-/// the write land elsewhere) is left alone and the next numbered name tried.
-pub(super) fn create_temp(path: &Path) -> std::io::Result<(PathBuf, File)> {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NUMBERED: AtomicU32 = AtomicU32::new(1);
-    let mut tmp = crate::state_file::temp_path(path);
-    for _ in 0..16 {
-        match File::options().write(true).create_new(true).open(&tmp) {
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let n = NUMBERED.fetch_add(1, Ordering::Relaxed);
-                tmp = crate::state_file::numbered_temp_path(path, n);
-            }
-            created => return created.map(|file| (tmp, file)),
-        }
-    }
-    Err(std::io::Error::new(
-        std::io::ErrorKind::AlreadyExists,
-        format!("every temp name tried for {} is taken", path.display()),
-    ))
-}
-
-/// What becomes of the file a replacement puts out of place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-pub(super) enum Old {
-    /// Unlinked: readers that have it open keep reading it whole.
-    Remove,
-    /// Kept under the name the new content came from, as the projection's next spare, if it is
-    /// a regular file with no other name.
-    KeepAsSpare,
-}
-
-/// Puts `tmp` in `path`'s place. On Linux the two are exchanged (`renameat2` with
-/// `RENAME_EXCHANGE`) and the old content, now at `tmp`, is unlinked or kept as `old` says. A plain rename over an
-/// existing file makes ext4 allocate and start writing the new file at once (its `auto_da_alloc`
-/// safeguard), and the next fsync of the database, a command later, then waits for that data
-/// (docs/benchmarks.md has what both cost).
-/// Where exchange is unsupported, or there is no old file, it is a plain rename.
-///
-/// Only a regular file or a symlink (whose target is left alone) is replaced. Anything else in
-/// the path's place (an operator's directory, a FIFO, a device) was put there by someone, so it
-/// is exchanged back and the write fails naming it: an exchange would otherwise move it to a
-/// temp name that `gc` deletes, and a plain rename refuses a directory but takes a FIFO's place.
-pub(super) fn replace(tmp: &Path, path: &Path, old: Old) -> std::io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        match exchange(tmp, path) {
-            Ok(()) => {
-                let meta = std::fs::symlink_metadata(tmp)?;
-                let kind = meta.file_type();
-                if kind.is_file() && old == Old::KeepAsSpare && meta.nlink() == 1 {
-                    return Ok(());
-                }
-                if kind.is_file() || kind.is_symlink() {
-                    return std::fs::remove_file(tmp);
-                }
-                exchange(tmp, path)?;
-                return Err(not_a_file_in_place(kind));
-            }
-            Err(err) => match err.raw_os_error() {
-                Some(libc::ENOENT | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {}
-                _ => return Err(err),
-            },
-        }
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if !meta.is_file() && !meta.file_type().is_symlink() => {
-            Err(not_a_file_in_place(meta.file_type()))
-        }
-        _ => std::fs::rename(tmp, path),
-    }
-}
-
-/// `renameat2(RENAME_EXCHANGE)`: swaps the two entries atomically.
-#[cfg(target_os = "linux")]
-fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
-    renameat2(a, b, libc::RENAME_EXCHANGE)
-}
-
-/// `renameat2` with `flags`, both paths relative to the working directory.
-#[cfg(target_os = "linux")]
-fn renameat2(a: &Path, b: &Path, flags: libc::c_uint) -> std::io::Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
-    let (a, b) = (c(a)?, c(b)?);
-    // SAFETY: both arguments are valid NUL-terminated paths that outlive the call.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            flags,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// The failure to replace something that is not a file: `EISDIR` for a directory (exit 6, "a
-/// directory where a file belongs"), otherwise a name taken by a FIFO, socket or device.
-fn not_a_file_in_place(kind: std::fs::FileType) -> std::io::Error {
-    use std::os::unix::fs::FileTypeExt;
-    if kind.is_dir() {
-        return std::io::Error::new(
-            std::io::ErrorKind::IsADirectory,
-            "a directory is in its place; move it aside, and the next write of the projection \
-             puts the file back",
-        );
-    }
-    let what = if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_socket() {
-        "a socket"
-    } else {
-        "a device"
-    };
-    std::io::Error::new(
-        std::io::ErrorKind::AlreadyExists,
-        format!(
-            "{what} is in its place; move it aside, and the next write of the projection puts \
-             the file back"
-        ),
-    )
-}
-
 /// Writes a file that must never change once written (run reports): refuses to replace a
 /// non-empty one, and goes through a temp file so a reader never sees half a report.
 pub(super) fn write_once(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -374,12 +245,6 @@ fn put_once(tmp: &Path, path: &Path) -> Result<()> {
     }
     refuse_existing(path)?;
     replace(tmp, path, Old::Remove).map_err(failed)
-}
-
-/// `renameat2(RENAME_NOREPLACE)`: fails with `EEXIST` instead of replacing `to`.
-#[cfg(target_os = "linux")]
-fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
-    renameat2(from, to, libc::RENAME_NOREPLACE)
 }
 
 /// The refusal to replace a write-once file (a conflict: another process wrote it first, or it

@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 
 mod files;
 mod markdown;
+mod place;
 mod quota_refresh;
 #[cfg(target_os = "linux")]
 mod spare;

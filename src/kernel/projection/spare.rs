@@ -108,19 +108,19 @@ impl Spare {
                 libc::F_UNLCK,
             )
         };
-        match super::files::replace(&spare, path, super::files::Old::KeepAsSpare) {
+        match super::place::replace(&spare, path, super::place::Old::KeepAsSpare) {
             Ok(()) => Ok(Some(meta)),
             // The spare was removed while it was written (by hand, or by someone else's
             // cleanup): what it held is still open here, so it goes through a temp file.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let (tmp, mut to) = super::files::create_temp(path)?;
+                let (tmp, mut to) = super::place::create_temp(path)?;
                 let written = (|| {
                     let mut from = &file;
                     from.rewind()?;
                     std::io::copy(&mut std::io::Read::take(from, len), &mut to)?;
                     let meta = to.metadata()?;
                     drop(to);
-                    super::files::replace(&tmp, path, super::files::Old::Remove)?;
+                    super::place::replace(&tmp, path, super::place::Old::Remove)?;
                     Ok(Some(meta))
                 })();
                 if written.is_err() {
