@@ -47,6 +47,55 @@ pub fn process_alive(pid: u32) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Opens a file LoopX keeps beside its database for writing (a write stamp, a lock file),
+/// creating it if missing, but only a regular file whose only name is `path`, reached without
+/// following a link. A link planted at such a predictable name would otherwise make the write
+/// land in whatever it points to, the database included, and a lock taken on it would be
+/// released with every other lock this process holds on that file (SQLite's among them) when
+/// the lock file is closed. Anything else is `InvalidInput`, naming the file.
+pub fn open_own_file(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::MetadataExt;
+    let not_ours = || {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is a link, or a file with another name too, not one LoopX made; move it aside",
+                path.display()
+            ),
+        )
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => not_ours(),
+            _ => e,
+        })?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.nlink() != 1 {
+        return Err(not_ours());
+    }
+    Ok(file)
+}
+
+/// Creates the file `path` names for this process alone (a temp file whose name carries its
+/// pid, and thread where it matters): whatever already has the name was left by a killed process
+/// that had the same pid, or planted, and is removed rather than opened, so the write never lands
+/// where a planted link points.
+pub fn create_fresh(path: &Path) -> io::Result<File> {
+    let create = || File::options().write(true).create_new(true).open(path);
+    match create() {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(path)?;
+            create()
+        }
+        created => created,
+    }
+}
+
 /// Takes this process's exclusive record lock on the whole file without waiting; `false` when
 /// another process holds it. A POSIX record lock (`fcntl`) belongs to the process, so the OS
 /// drops it when the process dies and a child forked meanwhile never holds it (a `flock` is
@@ -187,6 +236,45 @@ pub const MAX_RECORD_BYTES: u64 = 64 << 10;
 mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
+
+    #[test]
+    fn a_fresh_file_replaces_what_had_its_name_without_writing_through_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let precious = dir.path().join("loopx.db");
+        std::fs::write(&precious, b"SQLite format 3").unwrap();
+        let tmp = dir.path().join(".x.12.tmp");
+        std::os::unix::fs::symlink(&precious, &tmp).unwrap();
+        let mut file = create_fresh(&tmp).unwrap();
+        std::io::Write::write_all(&mut file, b"new").unwrap();
+        assert_eq!(std::fs::read(&precious).unwrap(), b"SQLite format 3");
+        assert_eq!(std::fs::read(&tmp).unwrap(), b"new");
+        assert!(std::fs::symlink_metadata(&tmp).unwrap().is_file());
+    }
+
+    #[test]
+    fn an_own_file_is_never_opened_through_a_link() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let precious = dir.path().join("loopx.db");
+        std::fs::write(&precious, b"SQLite format 3").unwrap();
+        let symlink = dir.path().join("gc.lock");
+        std::os::unix::fs::symlink(&precious, &symlink).unwrap();
+        let hard = dir.path().join(".state.json.stamp");
+        std::fs::hard_link(&precious, &hard).unwrap();
+        for planted in [&symlink, &hard] {
+            let err = open_own_file(planted).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+            assert!(err.to_string().contains("move it aside"), "{err}");
+        }
+        assert_eq!(std::fs::read(&precious).unwrap(), b"SQLite format 3");
+        let fresh = dir.path().join("turn.lock");
+        let file = open_own_file(&fresh).unwrap();
+        assert_eq!(file.metadata().unwrap().nlink(), 1);
+        assert!(
+            open_own_file(&fresh).is_ok(),
+            "an existing file of its own opens again"
+        );
+    }
 
     #[test]
     fn both_temp_names_tell_their_writer_and_nothing_else_does() {

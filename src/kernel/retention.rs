@@ -425,11 +425,7 @@ impl Kernel {
     /// both log, and count, the same work.
     fn hold_gc_lock(&self) -> Result<std::fs::File> {
         let path = self.paths().state.join("gc.lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
+        let file = crate::state_file::open_own_file(&path)
             .map_err(|e| LoopxError::io(&path, format!("opening {}", path.display()), e))?;
         match crate::state_file::lock_exclusively(&file) {
             Ok(true) => Ok(file),

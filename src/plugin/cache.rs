@@ -107,7 +107,7 @@ impl ComponentCache {
             std::process::id(),
             std::thread::current().id()
         ));
-        let written = std::fs::File::create(&tmp)
+        let written = crate::state_file::create_fresh(&tmp)
             .and_then(|mut f| {
                 f.write_all(&bytes)?;
                 f.sync_all()

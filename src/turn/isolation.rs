@@ -313,7 +313,9 @@ pub fn available(state_dir: &Path) -> std::result::Result<(), String> {
             {
                 // Best effort: without the record the next process probes again.
                 let tmp = state_dir.join(format!("{PROBE_FILE}.{}", std::process::id()));
-                if std::fs::write(&tmp, key).is_ok() && std::fs::rename(&tmp, &record).is_err() {
+                let written = crate::state_file::create_fresh(&tmp)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, key.as_bytes()));
+                if written.is_err() || std::fs::rename(&tmp, &record).is_err() {
                     let _ = std::fs::remove_file(&tmp);
                 }
             }

@@ -30,11 +30,7 @@ impl TurnLock {
         std::fs::create_dir_all(&dir)
             .map_err(|e| LoopxError::internal(format!("creating {}", dir.display()), e))?;
         let path = dir.join(format!("{turn_key}.lock"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
+        let file = crate::state_file::open_own_file(&path)
             .map_err(|e| LoopxError::internal(format!("opening {}", path.display()), e))?;
         match crate::state_file::lock_exclusively(&file) {
             Ok(true) => Ok(Some(TurnLock { _file: file, path })),

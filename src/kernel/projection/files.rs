@@ -113,12 +113,15 @@ pub(super) fn replace_json_projection(
 pub(super) fn write_stamp(stamp_file: &Path, stamp: &[u8]) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let stamp_err = |e| LoopxError::internal(format!("writing {}", stamp_file.display()), e);
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(stamp_file)
-        .map_err(stamp_err)?;
+    // A stamp is LoopX's own and safe to delete: whatever else has its name is replaced.
+    let file = match crate::state_file::open_own_file(stamp_file) {
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+            std::fs::remove_file(stamp_file).map_err(stamp_err)?;
+            crate::state_file::open_own_file(stamp_file)
+        }
+        opened => opened,
+    }
+    .map_err(stamp_err)?;
     file.write_all_at(stamp, 0).map_err(stamp_err)?;
     // Only a stamp longer than ours (damaged, or written by hand) needs cutting.
     if file.metadata().map_err(stamp_err)?.len() > stamp.len() as u64 {
@@ -315,6 +318,22 @@ impl Drop for PendingFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_link_planted_at_a_stamp_is_replaced_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let precious = dir.path().join("loopx.db");
+        std::fs::write(&precious, b"SQLite format 3").unwrap();
+        let path = dir.path().join("state.json");
+        std::os::unix::fs::symlink(&precious, stamp_path(&path)).unwrap();
+        write_json_projection(&path, |w| w.write_all(b"{}")).unwrap();
+        std::fs::remove_file(stamp_path(&path)).unwrap();
+        std::fs::hard_link(&precious, stamp_path(&path)).unwrap();
+        write_json_projection(&path, |w| w.write_all(b"[]")).unwrap();
+        assert_eq!(std::fs::read(&precious).unwrap(), b"SQLite format 3");
+        let written = std::fs::metadata(&path).unwrap();
+        assert_eq!(read_stamp(&path), Some(stamp_of(&written)));
+    }
 
     #[test]
     fn a_write_once_file_is_never_replaced_but_an_empty_one_is() {

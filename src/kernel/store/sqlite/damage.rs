@@ -37,7 +37,13 @@ pub fn mark_damaged(db: &Path, detail: &str) {
         db.display(),
         crate::clock::now_ms()
     );
-    let _ = std::fs::write(&marker, text);
+    // Created, never opened through a link planted at the name (`exists` follows links, so
+    // only a dangling one gets here).
+    let _ = std::fs::File::options()
+        .write(true)
+        .create_new(true)
+        .open(&marker)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
 }
 
 /// Refuses a write when the damage marker exists: one `stat` (docs/decisions.md, "Writes stop
