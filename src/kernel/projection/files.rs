@@ -1,6 +1,7 @@
 //! Writing projection files so that no reader ever sees half of one, and no file someone edited
 //! by hand is silently replaced: atomic replacement through the projection's spare
-//! (`spare.rs`) or a temp file, write-once run reports, and the write stamps that let a JSON projection LoopX wrote itself be trusted from one `stat`.
+//! (`spare.rs`) or a temp file, write-once run reports, and the write stamps that let a JSON
+//! projection LoopX wrote itself be trusted from one `stat`.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -135,9 +136,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     write_atomic_stat(path, bytes).map(drop)
 }
 
-/// [`write_atomic`], returning the stat of the file written: taken from the temp file before the
-/// rename (which keeps inode and modification time), so it is this write's even when another
-/// process replaces `path` right after.
+/// [`write_atomic`], returning the stat of the file written: taken from that file (the spare or
+/// a temp file) before it is put in place, which keeps its inode and modification time, so it is
+/// this write's even when another process replaces `path` right after.
 pub(super) fn write_atomic_stat(path: &Path, bytes: &[u8]) -> Result<std::fs::Metadata> {
     with_temp_file(path, |mut file| {
         file.write_all(bytes)?;
@@ -145,8 +146,8 @@ pub(super) fn write_atomic_stat(path: &Path, bytes: &[u8]) -> Result<std::fs::Me
     })
 }
 
-/// The buffered temp file a projection is streamed into; a concrete type, so serde's many small
-/// writes inline into buffer copies.
+/// The buffered file (the spare or a temp file) a projection is streamed into; a concrete type,
+/// so serde's many small writes inline into buffer copies.
 pub(super) type ProjectionWriter = BufWriter<File>;
 
 /// Writes `path` atomically, `fill` streaming the content through a 64 KiB buffer; returns the
@@ -162,8 +163,9 @@ pub(super) fn write_atomic_with(
     })
 }
 
-/// Writes `path` through a temp file beside it and renames that over `path`, so a reader sees
-/// the old content or the new, never part of it. Returns the written file's stat.
+/// Writes `path` through a file beside it (its spare, or a temp file) that is then put in its
+/// place, so a reader sees the old content or the new, never part of it. Returns the written
+/// file's stat.
 pub(super) fn with_temp_file(
     path: &Path,
     write: impl FnOnce(File) -> std::io::Result<File>,
