@@ -108,7 +108,7 @@ impl SqliteStore {
             });
         }
         let wal = wal_path(path);
-        let wal_len = std::fs::metadata(&wal).map(|m| m.len()).ok();
+        let wal_len = super::wal_header::checked_wal_len(&wal)?;
         match Self::open_read_write(path) {
             Ok(store) => {
                 if wal_len.is_none() {

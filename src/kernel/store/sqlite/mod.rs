@@ -26,6 +26,7 @@ mod runs;
 mod todos;
 mod turns;
 mod tx;
+mod wal_header;
 mod watch;
 
 #[cfg(test)]

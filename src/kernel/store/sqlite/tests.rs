@@ -252,6 +252,60 @@ fn a_store_whose_wal_was_removed_reopens_with_its_data() {
     tx.commit().unwrap();
 }
 
+/// SQLite reads a log with a damaged header as empty: the project would look as of its last
+/// checkpoint, and the next commit would start the log over, discarding the rest. The store
+/// reports it instead and leaves both files as they were.
+#[test]
+fn a_wal_with_a_damaged_header_is_reported_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("loopx.db");
+    {
+        let mut store = SqliteStore::create(&path).unwrap();
+        let tx = store.begin_write().unwrap();
+        tx.insert_goal(&goal()).unwrap();
+        tx.commit().unwrap();
+    }
+    let wal = wal_path(&path);
+    let (db_bytes, wal_bytes) = (std::fs::read(&path).unwrap(), std::fs::read(&wal).unwrap());
+    type Damage = fn(&mut Vec<u8>);
+    let damages: [(&str, Damage); 4] = [
+        ("zeroed header", |w| w[..32].fill(0)),
+        ("wrong magic", |w| w[3] ^= 0x40),
+        ("salt changed under its checksum", |w| w[17] ^= 1),
+        ("page size not a power of two", |w| w[10] ^= 0x03),
+    ];
+    for (what, damage) in damages {
+        let mut damaged = wal_bytes.clone();
+        damage(&mut damaged);
+        std::fs::write(&path, &db_bytes).unwrap();
+        std::fs::write(&wal, &damaged).unwrap();
+        let err = SqliteStore::open(&path).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(&err, LoopxError::Corrupt { path: p, .. } if *p == wal),
+            "{what}: {err}"
+        );
+        assert!(
+            err.to_string().contains("move loopx.db-wal aside"),
+            "{what}: {err}"
+        );
+        assert_eq!(
+            std::fs::read(&wal).unwrap(),
+            damaged,
+            "{what}: the log was changed"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            db_bytes,
+            "{what}: the database was changed"
+        );
+    }
+    // The same log undamaged opens, with the commit it holds.
+    std::fs::write(&wal, &wal_bytes).unwrap();
+    let store = SqliteStore::open(&path).unwrap();
+    let tx = store.begin_read().unwrap();
+    assert_eq!(tx.goal("g").unwrap().map(|g| g.title), Some("G".into()));
+}
+
 #[test]
 fn the_wal_starts_over_in_place_across_fresh_connections() {
     // Every command is a new connection that rebuilds the WAL index from the file. The WAL
