@@ -123,7 +123,12 @@ impl Kernel {
         paths.require_text_path()?;
         let db = paths.db();
         match std::fs::metadata(&db) {
-            Ok(meta) if meta.len() > 0 => return Ok(None),
+            // An existing project is opened, not only seen: a damaged database is reported here
+            // as by every other command, not called initialized.
+            Ok(meta) if meta.len() > 0 || !meta.is_file() => {
+                Kernel::open(paths)?;
+                return Ok(None);
+            }
             Ok(_) => {
                 return Err(LoopxError::Corrupt {
                     path: db,
