@@ -199,17 +199,29 @@ pub struct Context {
     kernel: OnceCell<RefCell<Kernel>>,
 }
 
+/// One of the variables that say who a process acts as: unset or empty is none; a value that is
+/// not UTF-8 is refused rather than read as unset, which would have the process act as the
+/// operator instead of the agent the variable names.
+fn identity_var(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(value) => Ok(Some(value).filter(|v| !v.is_empty())),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(crate::error::bad_input(format!(
+            "the environment variable {name} is not valid UTF-8; set it to a UTF-8 value or unset it"
+        ))),
+    }
+}
+
 impl Context {
     fn from_env(root: Option<PathBuf>, verbosity: Verbosity, format: Format) -> Result<Context> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         Ok(Context {
             root,
             cwd: OnceCell::new(),
             verbosity,
             format,
-            turn_key: var("LOOPX_TURN_KEY"),
-            env_agent_id: var("LOOPX_AGENT_ID"),
-            env_claim_key: var("LOOPX_CLAIM_KEY"),
+            turn_key: identity_var("LOOPX_TURN_KEY")?,
+            env_agent_id: identity_var("LOOPX_AGENT_ID")?,
+            env_claim_key: identity_var("LOOPX_CLAIM_KEY")?,
             turn: None,
             kernel: OnceCell::new(),
         })
