@@ -29,7 +29,13 @@ pub fn forward_if_inside_turn() -> Option<i32> {
         )),
     };
     let response = result.unwrap_or_else(|err| {
-        let (stdout, stderr) = error_text(&err, Format::Text);
+        // The request did not get far enough for the driver to read `--format`.
+        let format = if super::json_requested(std::env::args_os()) {
+            Format::Json
+        } else {
+            Format::Text
+        };
+        let (stdout, stderr) = error_text(&err, format);
         ChannelResponse {
             code: err.exit_code(),
             stdout: stdout.unwrap_or_default(),

@@ -36,8 +36,16 @@ pub const SOCKET_ENV: &str = "LOOPX_AGENT_SOCKET";
 /// Largest request or response accepted on the channel.
 pub const MAX_MESSAGE_BYTES: u64 = 4 << 20;
 
-/// How long the driver waits for a connected client to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the driver waits for a connected client to send its request. The client sets no
+/// such bound on the answer: the command it asked for may wait on the store's write lock or run
+/// long, and an answer given up on would still be committed after the client reported failure
+/// (an agent retrying would then add its evidence twice). A driver that dies closes the socket,
+/// and the turn's deadline ends the host, so the wait is bounded all the same.
+const REQUEST_TIMEOUT: Duration = if cfg!(test) {
+    Duration::from_millis(300)
+} else {
+    Duration::from_secs(10)
+};
 
 /// One `loopx` invocation from inside a turn: its arguments, without the program name.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -177,7 +185,7 @@ fn serve(
             return;
         }
         let Ok(mut conn) = conn else { continue };
-        let response = match read_message::<ChannelRequest>(&mut conn) {
+        let response = match read_message::<ChannelRequest>(&mut conn, Some(REQUEST_TIMEOUT)) {
             Ok(req) => handler(paths, identity, &req.argv),
             Err(why) => ChannelResponse {
                 code: 2,
@@ -189,11 +197,13 @@ fn serve(
     }
 }
 
+/// Reads one message, waiting at most `timeout` for each read (`None`: until the peer answers
+/// or closes).
 fn read_message<T: for<'de> Deserialize<'de>>(
     conn: &mut UnixStream,
+    timeout: Option<Duration>,
 ) -> std::result::Result<T, String> {
-    conn.set_read_timeout(Some(REQUEST_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+    conn.set_read_timeout(timeout).map_err(|e| e.to_string())?;
     let mut bytes = Vec::new();
     conn.take(MAX_MESSAGE_BYTES + 1)
         .read_to_end(&mut bytes)
@@ -211,22 +221,21 @@ fn write_message<T: Serialize>(conn: &mut UnixStream, value: &T) -> std::io::Res
 }
 
 /// The client side: sends `argv` to the channel at `socket` and returns the response.
+/// A channel that cannot be reached or closes without answering is an I/O failure (exit 6): the
+/// request was not refused, the turn that served it is gone.
 pub fn call(socket: &Path, argv: Vec<String>) -> Result<ChannelResponse> {
-    let unreachable = |e: std::io::Error| {
-        crate::error::refused(format!(
-            "the agent channel at {} is not answering ({e}): {SOCKET_ENV} is set only for \
-             processes of a running turn, and the channel closes when the turn's host exits",
+    let gone = |source: std::io::Error| LoopxError::Io {
+        path: socket.to_path_buf(),
+        context: format!(
+            "the agent channel at {} is not answering: {SOCKET_ENV} is set only for processes \
+             of a running turn, and the channel closes when the turn's host exits",
             socket.display()
-        ))
+        ),
+        source,
     };
-    let mut conn = UnixStream::connect(socket).map_err(unreachable)?;
-    write_message(&mut conn, &ChannelRequest { argv }).map_err(unreachable)?;
-    read_message(&mut conn).map_err(|why| {
-        LoopxError::internal(
-            "reading the agent channel's answer",
-            anyhow::anyhow!("{why}"),
-        )
-    })
+    let mut conn = UnixStream::connect(socket).map_err(gone)?;
+    write_message(&mut conn, &ChannelRequest { argv }).map_err(gone)?;
+    read_message(&mut conn, None).map_err(|why| gone(std::io::Error::other(why)))
 }
 
 #[cfg(test)]
@@ -234,6 +243,9 @@ mod tests {
     use super::*;
 
     fn echo(_: &ProjectPaths, who: &TurnIdentity, argv: &[String]) -> ChannelResponse {
+        if argv == ["slow"] {
+            std::thread::sleep(REQUEST_TIMEOUT * 3);
+        }
         ChannelResponse {
             code: 0,
             stdout: format!("{} {}", who.agent_id, argv.join(" ")),
@@ -263,7 +275,7 @@ mod tests {
             // then sees its connection reset instead of the answer.
             let _ = conn.write_all(bytes);
             let _ = conn.shutdown(std::net::Shutdown::Write);
-            read_message(&mut conn)
+            read_message(&mut conn, None)
         };
         let junk = send(b"\x1b]0;pwned\x07 not json").unwrap();
         assert_eq!(junk.code, 2, "{junk:?}");
@@ -275,9 +287,14 @@ mod tests {
         }
         let ok = call(server.socket(), vec!["status".into()]).unwrap();
         assert_eq!((ok.code, ok.stdout.as_str()), (0, "a1 status"));
+        // A command that takes longer than the driver gives a request to arrive (one waiting on
+        // the store's write lock) is answered, not reported failed while it goes on to commit.
+        let slow = call(server.socket(), vec!["slow".into()]).unwrap();
+        assert_eq!((slow.code, slow.stdout.as_str()), (0, "a1 slow"));
         let socket = server.socket().to_path_buf();
         drop(server);
         assert!(!socket.exists(), "the socket is removed when the turn ends");
-        assert!(call(&socket, vec!["status".into()]).is_err());
+        let gone = call(&socket, vec!["status".into()]).unwrap_err();
+        assert_eq!(gone.exit_code(), 6, "{gone}");
     }
 }
