@@ -29,6 +29,14 @@ pub enum NextAction {
         agent_id: String,
         claim_key: String,
     },
+    /// Check the leased monitor and record what was observed (a monitor is checked, never
+    /// completed).
+    CheckMonitor {
+        goal_id: String,
+        todo_id: String,
+        agent_id: String,
+        claim_key: String,
+    },
     /// Record the run and rewrite the goal's projections.
     RefreshState {
         goal_id: String,
@@ -95,6 +103,20 @@ impl NextAction {
                 claim_key,
             } => (
                 "todo.complete",
+                vec![
+                    ("goal_id", goal_id.clone()),
+                    ("todo_id", todo_id.clone()),
+                    ("agent_id", agent_id.clone()),
+                    ("claim_key", claim_key.clone()),
+                ],
+            ),
+            NextAction::CheckMonitor {
+                goal_id,
+                todo_id,
+                agent_id,
+                claim_key,
+            } => (
+                "todo.check",
                 vec![
                     ("goal_id", goal_id.clone()),
                     ("todo_id", todo_id.clone()),

@@ -14,6 +14,8 @@ use crate::kernel::decision::Decision;
 
 /// What the agent writes as evidence when it completes a todo; the host replaces it.
 const EVIDENCE_PLACEHOLDER: &str = "<what changed and how it was checked>";
+/// What a monitor's check observed; the host replaces it.
+const OBSERVATION_PLACEHOLDER: &str = "<what the check observed>";
 /// The title of the todo an agent adds when it replans; the host replaces it.
 const TITLE_PLACEHOLDER: &str = "<the next bounded step toward the objective>";
 /// The operator's decision on a gate.
@@ -63,6 +65,25 @@ pub fn argv(action: &NextAction) -> Vec<String> {
             claim_key,
             "--evidence",
             EVIDENCE_PLACEHOLDER,
+        ],
+        NextAction::CheckMonitor {
+            goal_id,
+            todo_id,
+            agent_id,
+            claim_key,
+        } => vec![
+            "todo",
+            "check",
+            "--goal-id",
+            goal_id,
+            "--todo-id",
+            todo_id,
+            "--agent-id",
+            agent_id,
+            "--claim-key",
+            claim_key,
+            "--observation",
+            OBSERVATION_PLACEHOLDER,
         ],
         NextAction::RefreshState {
             goal_id,
@@ -234,6 +255,12 @@ mod tests {
                 agent_id: a.clone(),
                 claim_key: "a key with 'quotes'".into(),
             },
+            NextAction::CheckMonitor {
+                goal_id: g.clone(),
+                todo_id: t.clone(),
+                agent_id: a.clone(),
+                claim_key: "a key with 'quotes'".into(),
+            },
             NextAction::RefreshState {
                 goal_id: g.clone(),
                 agent_id: a.clone(),
@@ -388,6 +415,40 @@ mod tests {
                     );
                     assert_eq!(evidence.as_deref(), Some(EVIDENCE_PLACEHOLDER));
                     1
+                }
+                NextAction::CheckMonitor {
+                    goal_id,
+                    todo_id,
+                    agent_id,
+                    claim_key,
+                } => {
+                    let Command::Todo(Nested {
+                        command:
+                            TodoCommand::Check {
+                                goal_id: g,
+                                todo_id: t,
+                                observation,
+                                failed,
+                                proof,
+                            },
+                    }) = parsed
+                    else {
+                        panic!("{argv:?} parsed as {parsed:?}")
+                    };
+                    assert_eq!(
+                        (&g, &t, &proof.agent_id, &proof.claim_key),
+                        (
+                            goal_id,
+                            todo_id,
+                            &Some(agent_id.clone()),
+                            &Some(claim_key.clone())
+                        )
+                    );
+                    assert_eq!(
+                        (observation.as_deref(), failed),
+                        (Some(OBSERVATION_PLACEHOLDER), None)
+                    );
+                    19
                 }
                 NextAction::RefreshState {
                     goal_id,
@@ -587,7 +648,7 @@ mod tests {
         }
         assert_eq!(
             covered.len(),
-            19,
+            20,
             "every_action() holds one value of each variant"
         );
     }
@@ -651,6 +712,7 @@ mod tests {
             [
                 "loopx todo claim --goal-id goal-1 --todo-id t7 --agent-id agent.x --idempotency-key agent.x.t7.f1",
                 r"loopx todo complete --goal-id goal-1 --todo-id t7 --agent-id agent.x --claim-key 'a key with '\''quotes'\''' --evidence '<what changed and how it was checked>'",
+                r"loopx todo check --goal-id goal-1 --todo-id t7 --agent-id agent.x --claim-key 'a key with '\''quotes'\''' --observation '<what the check observed>'",
                 "loopx refresh-state --goal-id goal-1 --agent-id agent.x --todo-id t7",
                 "loopx quota spend-slot --goal-id goal-1 --agent-id agent.x",
                 "loopx todo add --goal-id goal-1 --agent-id agent.x --title '<the next bounded step toward the objective>'",

@@ -143,11 +143,27 @@ impl Decision {
                         idempotency_key: sel.claim_key.clone(),
                     });
                 }
-                out.push(NextAction::CompleteTodo {
-                    goal_id: goal_id.clone(),
-                    todo_id: todo_id.clone(),
-                    agent_id: agent_id.clone(),
-                    claim_key: sel.claim_key.clone(),
+                let (g, t, a, claim_key) = (
+                    goal_id.clone(),
+                    todo_id.clone(),
+                    agent_id.clone(),
+                    sel.claim_key.clone(),
+                );
+                // A monitor is checked, never completed.
+                out.push(if sel.todo.kind == crate::model::TodoKind::Monitor {
+                    NextAction::CheckMonitor {
+                        goal_id: g,
+                        todo_id: t,
+                        agent_id: a,
+                        claim_key,
+                    }
+                } else {
+                    NextAction::CompleteTodo {
+                        goal_id: g,
+                        todo_id: t,
+                        agent_id: a,
+                        claim_key,
+                    }
                 });
                 out.push(NextAction::RefreshState {
                     goal_id: goal_id.clone(),
@@ -182,11 +198,16 @@ impl Decision {
             }
             TurnRoute::Blocked if self.quota.state == QuotaState::Paused => {
                 // The default policy's share: what the goal had before an operator paused it,
-                // unless they had changed it.
-                vec![NextAction::SetCompute {
-                    goal_id,
-                    compute: QuotaPolicy::default().compute,
-                }]
+                // unless they had changed it. A goal paused by its slot count or slot length is
+                // not unpaused by compute, so no command is named for it.
+                if self.quota.policy.compute <= 0.0 && self.quota.policy.allowed_slots.is_none() {
+                    vec![NextAction::SetCompute {
+                        goal_id,
+                        compute: QuotaPolicy::default().compute,
+                    }]
+                } else {
+                    Vec::new()
+                }
             }
             TurnRoute::Blocked => vec![NextAction::ResumeGoal { goal_id }],
             _ => Vec::new(),
@@ -365,7 +386,10 @@ pub(crate) fn decide_in_tx(
     } else if d.quota.state == QuotaState::Paused {
         (
             TurnRoute::Blocked,
-            "compute quota is 0: automatic agent turns are paused".to_string(),
+            format!(
+                "{}: automatic agent turns are paused",
+                d.quota.policy.why_no_slots().unwrap_or_default()
+            ),
             SchedulerAction::BackoffUntilResumed,
             3600,
         )

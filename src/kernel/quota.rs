@@ -424,6 +424,25 @@ impl Kernel {
             if let Some(v) = patch.per_agent_cap {
                 p.per_agent_cap = Some(v);
             }
+            // Compute 0 or 0 allowed slots pause the goal on purpose; a window too short for one
+            // slot would pause it without anyone having asked.
+            if p.compute > 0.0 && p.allowed_slots.is_none() && p.allowed_slots() == 0 {
+                return Err(bad_input(msg![
+                    format!(
+                        "this quota would give the goal no slot: {}; set ",
+                        p.why_no_slots().unwrap_or_default()
+                    ),
+                    Param::SlotMinutes,
+                    format!(
+                        " to at most {} minutes, or a longer ",
+                        p.compute * p.window_hours * 60.0
+                    ),
+                    Param::WindowHours,
+                    " (to pause the goal, set ",
+                    Param::Compute,
+                    " to 0)"
+                ]));
+            }
             tx.set_quota_policy(goal_id, &p)?;
             move_window(tx, goal_id, None, now_ms())?;
             log_op(tx, Some(goal_id), actor, "quota_set", json!(p))?;

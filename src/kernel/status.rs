@@ -169,7 +169,7 @@ fn goal_status(
                 Who::Operator,
                 AttentionKind::Quota,
                 None,
-                "compute quota is 0".into(),
+                quota.policy.why_no_slots().unwrap_or_default(),
                 "automatic turns are paused".into(),
                 (2, 1),
             ));

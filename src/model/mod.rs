@@ -265,6 +265,25 @@ impl QuotaPolicy {
     pub fn window_ms(&self) -> i64 {
         (self.window_hours * 3_600_000.0) as i64
     }
+
+    /// Why this policy gives the goal no slot, in the operator's terms; `None` when it gives some.
+    pub fn why_no_slots(&self) -> Option<String> {
+        if self.allowed_slots() > 0 && (self.compute > 0.0 || self.allowed_slots.is_some()) {
+            return None;
+        }
+        Some(match self.allowed_slots {
+            Some(_) => "the quota allows 0 slots".to_string(),
+            None if self.compute <= 0.0 => "compute quota is 0".to_string(),
+            None => format!(
+                "a {}-minute slot is longer than the goal's share of its window (compute {} of \
+                 {} hours: {} minutes)",
+                self.slot_minutes,
+                self.compute,
+                self.window_hours,
+                self.compute * self.window_hours * 60.0
+            ),
+        })
+    }
 }
 
 /// One row of the spend/void ledger.

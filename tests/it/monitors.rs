@@ -1043,3 +1043,48 @@ fn todo_update_shows_the_schedule_it_changed() {
     assert!(plain["todo"].get("resumes_at").is_none(), "{plain}");
     assert!(plain["todo"].get("monitor").is_none(), "{plain}");
 }
+
+/// `should-run` names what a host does with a due monitor as commands that work when run as
+/// given: claim it, then check it (a monitor is never completed, and `todo complete` refuses one).
+#[test]
+fn the_commands_should_run_names_for_a_due_monitor_run_as_given() {
+    let p = project();
+    freeze(&p, T0);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "m",
+        "--kind",
+        "monitor",
+        "--every",
+        "1h",
+        "--title",
+        "watch the metric",
+    ]);
+    let d = should_run(&p);
+    assert_eq!(hint(&d), ("monitor_due".to_string(), 0), "{d}");
+    let argvs: Vec<Vec<String>> =
+        serde_json::from_value(d["interaction_contract"]["cli_channel"]["next_cli_argv"].clone())
+            .unwrap();
+    let verbs: Vec<String> = argvs.iter().map(|a| a[1..3].join(" ")).collect();
+    assert_eq!(&verbs[..2], ["todo claim", "todo check"], "{argvs:?}");
+    for argv in &argvs[..2] {
+        let args: Vec<&str> = argv[1..]
+            .iter()
+            .map(|a| {
+                if a.starts_with('<') {
+                    "rps=10"
+                } else {
+                    a.as_str()
+                }
+            })
+            .collect();
+        p.ok(&args);
+    }
+    let m = show(&p, "m");
+    assert_eq!(m["todo"]["monitor"]["checks"], 1, "{m}");
+    assert_eq!(m["todo"]["monitor"]["last_result"], "baseline", "{m}");
+}
