@@ -33,6 +33,31 @@ pub const MAX_TITLE: usize = 500;
 /// The longest `next_probe`, in bytes.
 pub const PROBE_TEXT_BYTES: usize = 4096;
 
+/// Most success criteria one goal lists.
+pub const MAX_SUCCESS_CRITERIA: usize = 100;
+
+/// The goal's prose within the limits every stored text has: the objective as long as a todo's
+/// detail, each success criterion and the project directory as long as a title or a path.
+fn check_goal_text(new: &NewGoal) -> Result<()> {
+    use super::todo::write::{MAX_TEXT, check_len};
+    if let Some(objective) = &new.objective {
+        check_len("goal objective", objective, MAX_TEXT)?;
+    }
+    if new.success_criteria.len() > MAX_SUCCESS_CRITERIA {
+        return Err(bad_input(format!(
+            "{} success criteria; the limit is {MAX_SUCCESS_CRITERIA}",
+            new.success_criteria.len()
+        )));
+    }
+    for criterion in &new.success_criteria {
+        check_len("a success criterion", criterion, MAX_TITLE)?;
+    }
+    if let Some(dir) = &new.project_dir {
+        check_len("the goal's project directory", dir, PROBE_TEXT_BYTES)?;
+    }
+    Ok(())
+}
+
 impl Kernel {
     pub fn create_goal(&mut self, actor: &Actor, new: NewGoal) -> Result<Goal> {
         let title = new.title.trim().to_string();
@@ -52,6 +77,7 @@ impl Kernel {
         if let Some(id) = &new.id {
             validate_token("goal id", id)?;
         }
+        check_goal_text(&new)?;
         let goal = self.write(|tx| {
             let id = match new.id {
                 Some(id) => {

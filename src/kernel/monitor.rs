@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::todo::write::{MAX_TEXT, NewTodo, add_evidence, insert_new_todo};
+use super::todo::write::{MAX_TEXT, NewTodo, add_evidence, check_len, insert_new_todo};
 use super::{Actor, Kernel, log_op, require_goal, require_todo, require_unclosed_goal};
 use crate::clock::now_ms;
 use crate::error::{Message, Param, Part, Result, bad_input, conflict, msg, refused};
@@ -620,6 +620,9 @@ impl Kernel {
             return Err(bad_input(
                 "a failed check needs its reason: what could not be observed, and why",
             ));
+        }
+        if let Observation::Failed(reason) = observation {
+            check_len("the failed check's reason", reason, MAX_TEXT)?;
         }
         if let Observation::Value(text) = observation
             && text.len() > MAX_OBSERVATION

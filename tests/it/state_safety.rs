@@ -102,6 +102,7 @@ fn unknown_goal_or_todo_exits_3_names_it_and_creates_nothing() {
 fn bad_input_exits_2_and_changes_nothing() {
     let (p, g) = seeded();
     let before = p.snapshot();
+    let long_text = "a".repeat(16 * 1024 + 1);
     for args in [
         vec!["todo", "add", "--goal-id", g.as_str(), "--title", ""],
         vec![
@@ -180,6 +181,31 @@ fn bad_input_exits_2_and_changes_nothing() {
             "e1",
         ],
         vec!["quota", "set", "--goal-id", g.as_str(), "--compute", "-2"],
+        // A slot longer than the window would pause the goal without anyone asking.
+        vec![
+            "quota",
+            "set",
+            "--goal-id",
+            g.as_str(),
+            "--window-hours",
+            "1",
+            "--slot-minutes",
+            "61",
+        ],
+        // Every stored text has a limit.
+        vec![
+            "todo",
+            "update",
+            "--goal-id",
+            g.as_str(),
+            "--todo-id",
+            "t1",
+            "--status",
+            "blocked",
+            "--reason",
+            &long_text,
+        ],
+        vec!["goal", "create", "--title", "x", "--objective", &long_text],
         vec![
             "reward",
             "add",
@@ -679,4 +705,88 @@ fn a_huge_invalid_id_is_named_by_its_start_and_length() {
         assert!(said.len() < 2_000, "{format}: {} bytes", said.len());
         assert!(said.contains("(100000 characters)"), "{said}");
     }
+}
+
+/// SQLite reads a log whose header is damaged as empty: the project would look as of its last
+/// checkpoint, `doctor` would call it healthy, and the next write would discard the log's
+/// commits. Every command reports it instead (exit 5, naming the log) and writes nothing.
+#[test]
+fn a_wal_whose_header_is_damaged_is_reported_and_its_commits_kept() {
+    let (p, g) = seeded();
+    let wal = p.state().join("loopx.db-wal");
+    let mut bytes = std::fs::read(&wal).unwrap();
+    assert!(
+        bytes.len() > 4096,
+        "the seeded project's commits are in its log"
+    );
+    bytes[..32].fill(0);
+    std::fs::write(&wal, &bytes).unwrap();
+    let before = p.snapshot();
+    for args in [
+        vec!["goal", "list"],
+        vec!["todo", "add", "--goal-id", g.as_str(), "--title", "x"],
+        vec!["goal", "create", "--id", "h", "--title", "H"],
+        vec!["doctor"],
+        vec!["init"],
+    ] {
+        let r = p.run(&args);
+        assert_eq!(r.code, 5, "{args:?}: {} {}", r.stdout, r.stderr);
+        assert!(
+            r.stderr.contains("loopx.db-wal") && r.stderr.contains("move loopx.db-wal aside"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    assert_eq!(before, p.snapshot());
+    assert_eq!(std::fs::read(&wal).unwrap(), bytes);
+}
+
+/// `init` in a project whose database is damaged reports the damage as every other command
+/// does, instead of calling the project initialized.
+#[test]
+fn init_reports_a_damaged_database_instead_of_calling_it_initialized() {
+    let (p, _) = seeded();
+    let db = p.state().join("loopx.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+        .unwrap();
+    let mut bytes = std::fs::read(&db).unwrap();
+    bytes[..100].fill(0x5a);
+    std::fs::write(&db, &bytes).unwrap();
+    let r = p.run(&["init"]);
+    assert_eq!(r.code, 5, "{} {}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("loopx.db"), "{}", r.stderr);
+    assert_eq!(std::fs::read(&db).unwrap(), bytes);
+
+    let other = Project::empty();
+    std::fs::create_dir_all(other.state().join("loopx.db")).unwrap();
+    let r = other.run(&["init"]);
+    assert_eq!(r.code, 5, "{} {}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("not a regular file"), "{}", r.stderr);
+}
+
+/// The variables that name who a process acts as are refused when they are not UTF-8, not read
+/// as unset: unset means the operator, so an agent whose id was mangled would act as one.
+#[test]
+fn identity_variables_that_are_not_utf8_are_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    let (p, g) = seeded();
+    let before = p.snapshot();
+    for var in ["LOOPX_AGENT_ID", "LOOPX_TURN_KEY", "LOOPX_CLAIM_KEY"] {
+        for format in [&[][..], &["--format", "json"][..]] {
+            let mut cmd =
+                p.command(&[format, &["goal", "pause", "--goal-id", g.as_str()]].concat());
+            cmd.env(var, std::ffi::OsStr::from_bytes(b"agent\xff"));
+            let r = crate::support::to_run(cmd.output().unwrap());
+            assert_eq!(r.code, 2, "{var} {format:?}: {} {}", r.stdout, r.stderr);
+            let said = if format.is_empty() {
+                r.stderr.clone()
+            } else {
+                r.json()["error"]["message"].as_str().unwrap().to_string()
+            };
+            assert!(said.contains(var), "{var}: {said}");
+        }
+    }
+    assert_eq!(before, p.snapshot());
 }

@@ -147,6 +147,9 @@ impl Kernel {
         if let Some(d) = &patch.detail {
             check_len("todo detail", d, MAX_TEXT)?;
         }
+        if let Some(r) = &patch.reason {
+            check_len("status reason", r, MAX_TEXT)?;
+        }
         if patch.status == Some(TodoStatus::Claimed) {
             return Err(bad_input(
                 "status 'claimed' is set by a claim, which grants the lease, not by update",
