@@ -356,3 +356,70 @@ fn the_same_agent_with_a_stale_fence_or_key_is_refused_after_a_re_grant() {
     // The current proof works.
     p.json(&args("complete", &["--fence", "3", "--evidence", "done"]));
 }
+
+/// Processes that write the same run's report at once (each command that records a run, and
+/// every `refresh-state` that re-creates missing reports) render the same bytes: the report
+/// already in place is their success, not a conflict that stops the re-creation of the rest.
+#[test]
+fn processes_writing_the_same_run_reports_at_once_all_succeed() {
+    let p = Project::new();
+    let g = p.goal("reports");
+    for i in 0..20 {
+        p.ok(&[
+            "refresh-state",
+            "--goal-id",
+            &g,
+            "--summary",
+            &format!("run {i}"),
+        ]);
+    }
+    let runs = p.state().join("goals").join(&g).join("runs");
+    let reports = || -> Vec<(std::path::PathBuf, Vec<u8>)> {
+        let mut files: Vec<_> = std::fs::read_dir(&runs)
+            .unwrap()
+            .flat_map(|month| std::fs::read_dir(month.unwrap().path()).unwrap())
+            .map(|f| f.unwrap().path())
+            .filter(|f| !f.file_name().unwrap().to_string_lossy().starts_with('.'))
+            .map(|f| (f.clone(), std::fs::read(&f).unwrap()))
+            .collect();
+        files.sort();
+        files
+    };
+    let written = reports();
+    assert_eq!(written.len(), 40, "{written:?}");
+    for round in 0..5 {
+        // What a writer killed right after its commit leaves: the run, without its report.
+        for (path, _) in &written {
+            std::fs::remove_file(path).unwrap();
+        }
+        let barrier = Arc::new(Barrier::new(4));
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                let mut cmd = if i % 2 == 0 {
+                    p.command(&["refresh-state"])
+                } else {
+                    p.command(&["refresh-state", "--goal-id", &g])
+                };
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    to_run(cmd.output().expect("spawn"))
+                })
+            })
+            .collect();
+        for h in handles {
+            let r = h.join().unwrap();
+            assert_eq!(r.code, 0, "round {round}: {r:?}");
+            assert!(!r.stderr.contains("warning"), "round {round}: {r:?}");
+        }
+        // Each `--goal-id` refresh recorded a run of its own; the others' reports are back.
+        let now = reports();
+        for report in &written {
+            assert!(
+                now.contains(report),
+                "round {round}: {} missing or changed",
+                report.0.display()
+            );
+        }
+    }
+}

@@ -234,10 +234,13 @@ pub(super) fn write_once(path: &Path, bytes: &[u8]) -> Result<()> {
     pending.commit_once()
 }
 
-/// Puts the temp file of a write-once file in place, unless a file with content is there (a
-/// conflict). On Linux the rename itself refuses to replace anything (`RENAME_NOREPLACE`), so a
-/// file another process put there between a check and the rename is never replaced; only an
-/// empty one, which is what a power cut leaves of a file renamed into place, is.
+/// Puts the temp file of a write-once file in place, unless a file with other content is there
+/// (a conflict). The same content already in place is success: two processes that render one
+/// record (a run's report, written by the command that recorded the run and by a concurrent
+/// re-creation of missing reports) write the same bytes, and neither has anything to report.
+/// On Linux the rename itself refuses to replace anything (`RENAME_NOREPLACE`), so a file another
+/// process put there between a check and the rename is never replaced; only an empty one, which
+/// is what a power cut leaves of a file renamed into place, is.
 fn put_once(tmp: &Path, path: &Path) -> Result<()> {
     let failed = |e| LoopxError::internal(format!("writing {}", path.display()), e);
     #[cfg(target_os = "linux")]
@@ -248,20 +251,43 @@ fn put_once(tmp: &Path, path: &Path) -> Result<()> {
             _ => return Err(failed(e)),
         },
     }
-    refuse_existing(path)?;
-    replace(tmp, path, Old::Remove).map_err(failed)
-}
-
-/// The refusal to replace a write-once file (a conflict: another process wrote it first, or it
-/// was written before).
-fn refuse_existing(path: &Path) -> Result<()> {
     if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+        if same_content(tmp, path) {
+            return std::fs::remove_file(tmp).map_err(failed);
+        }
         return Err(crate::error::conflict(format!(
-            "{} already exists and is written once; it was left as it is",
+            "{} already exists with other content and is written once; it was left as it is",
             path.display()
         )));
     }
-    Ok(())
+    replace(tmp, path, Old::Remove).map_err(failed)
+}
+
+/// Whether the regular files `a` and `b` hold the same bytes (`false` when either cannot be read).
+fn same_content(a: &Path, b: &Path) -> bool {
+    use std::io::Read;
+    let (Ok((mut a, meta_a)), Ok((mut b, meta_b))) = (
+        crate::state_file::open_regular(a),
+        crate::state_file::open_regular(b),
+    ) else {
+        return false;
+    };
+    if meta_a.len() != meta_b.len() {
+        return false;
+    }
+    let (mut buf_a, mut buf_b) = (vec![0; 64 << 10], vec![0; 64 << 10]);
+    loop {
+        let Ok(n) = a.read(&mut buf_a) else {
+            return false;
+        };
+        if n == 0 {
+            // The lengths agreed, so `b` must end here too.
+            return b.read(&mut buf_b[..1]).is_ok_and(|m| m == 0);
+        }
+        if b.read_exact(&mut buf_b[..n]).is_err() || buf_a[..n] != buf_b[..n] {
+            return false;
+        }
+    }
 }
 
 /// A write-once file streamed piece by piece (a monthly archive, which need not fit in memory):
@@ -342,8 +368,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("report.json");
         write_once(&path, b"{\"first\": 1}").unwrap();
+        let first = std::fs::metadata(&path).unwrap().ino();
+        // The same record rendered by a second process is already there: nothing to report.
+        write_once(&path, b"{\"first\": 1}").unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().ino(), first);
         let err = write_once(&path, b"{\"second\": 2}").unwrap_err();
         assert!(matches!(err, LoopxError::Conflict(_)), "{err:?}");
+        let err = write_once(&path, b"{\"first\": 2}").unwrap_err();
+        assert!(
+            matches!(err, LoopxError::Conflict(_)),
+            "same length: {err:?}"
+        );
         assert_eq!(std::fs::read(&path).unwrap(), b"{\"first\": 1}");
         // What a power cut leaves of a file renamed into place.
         std::fs::write(&path, b"").unwrap();
