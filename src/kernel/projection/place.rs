@@ -1,7 +1,7 @@
 //! Putting a written file under its name: the exchange that swaps it in and keeps or drops the
-//! file it displaces, the rename that refuses to replace anything (write-once files), and the
-//! exclusive creation of the temp files both start from. Below `files.rs` and `spare.rs`, which
-//! decide what is written where.
+//! file it displaces, the rename that refuses to replace anything (write-once files), the
+//! exclusive creation of the temp files both start from, and the in-kernel copy that fills one
+//! from another. Below `files.rs` and `spare.rs`, which decide what is written where.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -28,6 +28,68 @@ pub(super) fn create_temp(path: &Path) -> std::io::Result<(PathBuf, File)> {
         std::io::ErrorKind::AlreadyExists,
         format!("every temp name tried for {} is taken", path.display()),
     ))
+}
+
+/// Appends `len` bytes of `from`, starting at byte `at`, to `to` at its current offset. The bytes
+/// are copied inside the kernel (`copy_file_range`, which on the same filesystem may share or
+/// copy pages without them entering this process) where it can, otherwise read and written.
+/// `from`'s own offset is neither used nor moved, so a caller copies the parts around an edit
+/// without seeking (`std::io::copy` would also stat both files before and after each part).
+/// A `from` shorter than `at + len` is `UnexpectedEof`: the caller read its length earlier.
+pub(super) fn copy_range(from: &File, at: u64, len: u64, to: &mut File) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    let (mut at, mut len) = (at, len);
+    let short = || std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+    #[cfg(target_os = "linux")]
+    while len > 0 {
+        use std::os::fd::AsRawFd;
+        let Ok(mut offset) = libc::loff_t::try_from(at) else {
+            break;
+        };
+        let chunk = usize::try_from(len).unwrap_or(usize::MAX).min(1 << 30);
+        // SAFETY: both descriptors are open for the call's duration; `offset` is a live local
+        // the kernel reads and advances; a null output offset means `to`'s file offset.
+        let copied = unsafe {
+            libc::copy_file_range(
+                from.as_raw_fd(),
+                &mut offset,
+                to.as_raw_fd(),
+                std::ptr::null_mut(),
+                chunk,
+                0,
+            )
+        };
+        match copied {
+            0 => return Err(short()),
+            n if n > 0 => {
+                at += n as u64;
+                len -= n as u64;
+            }
+            _ => {
+                let err = std::io::Error::last_os_error();
+                match err.raw_os_error() {
+                    Some(libc::EINTR) => {}
+                    // Not between these files (another filesystem on older kernels, a
+                    // filesystem without it): the plain copy below.
+                    Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL) => break,
+                    _ => return Err(err),
+                }
+            }
+        }
+    }
+    let mut buf = vec![0; usize::try_from(len).unwrap_or(usize::MAX).min(1 << 16)];
+    while len > 0 {
+        let want = buf.len().min(usize::try_from(len).unwrap_or(usize::MAX));
+        let n = from.read_at(&mut buf[..want], at)?;
+        if n == 0 {
+            return Err(short());
+        }
+        to.write_all(&buf[..n])?;
+        at += n as u64;
+        len -= n as u64;
+    }
+    Ok(())
 }
 
 /// What becomes of the file a replacement puts out of place.
@@ -143,4 +205,46 @@ fn not_a_file_in_place(kind: std::fs::FileType) -> std::io::Error {
 #[cfg(target_os = "linux")]
 pub(super) fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
     renameat2(from, to, libc::RENAME_NOREPLACE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, Write};
+
+    #[test]
+    fn copy_range_appends_the_range_and_leaves_the_source_offset_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let src_path = dir.path().join("src");
+        // Larger than one read of the fallback and not a multiple of a page.
+        let content: Vec<u8> = (0..200_003u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&src_path, &content).unwrap();
+        let mut from = File::open(&src_path).unwrap();
+        from.seek(std::io::SeekFrom::Start(7)).unwrap();
+        let mut to = File::create(dir.path().join("dst")).unwrap();
+        to.write_all(b"head:").unwrap();
+        copy_range(&from, 0, 100_000, &mut to).unwrap();
+        to.write_all(b"|edit|").unwrap();
+        copy_range(&from, 100_010, content.len() as u64 - 100_010, &mut to).unwrap();
+        copy_range(&from, content.len() as u64, 0, &mut to).unwrap();
+        drop(to);
+        let mut want = b"head:".to_vec();
+        want.extend_from_slice(&content[..100_000]);
+        want.extend_from_slice(b"|edit|");
+        want.extend_from_slice(&content[100_010..]);
+        assert_eq!(std::fs::read(dir.path().join("dst")).unwrap(), want);
+        assert_eq!(from.stream_position().unwrap(), 7);
+    }
+
+    #[test]
+    fn copy_range_past_the_end_of_the_source_is_unexpected_eof() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("src"), b"0123456789").unwrap();
+        let from = File::open(dir.path().join("src")).unwrap();
+        let mut to = File::create(dir.path().join("dst")).unwrap();
+        let err = copy_range(&from, 4, 10, &mut to).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+        // What the source held up to its end was copied before the end was found.
+        assert_eq!(std::fs::read(dir.path().join("dst")).unwrap(), b"456789");
+    }
 }

@@ -16,6 +16,7 @@ use std::path::Path;
 
 use super::files::{read_stamp, stamp_of, stamp_path, with_temp_file_unless_declined, write_stamp};
 use super::markdown::quota_markdown;
+use super::place::copy_range;
 use super::write_quota_tail;
 use crate::clock::now_ms;
 use crate::error::Result;
@@ -91,6 +92,8 @@ struct StampedPart<'a> {
     stat: &'a str,
     start: u64,
     end: u64,
+    /// The file's length when opened, which its stat in the stamp vouches for.
+    len: u64,
 }
 
 impl<'a> StampedPart<'a> {
@@ -121,6 +124,7 @@ impl<'a> StampedPart<'a> {
             stat,
             start,
             end,
+            len: meta.len(),
         })
     }
 
@@ -132,17 +136,14 @@ impl<'a> StampedPart<'a> {
 
     /// Replaces `path` with a copy of this file whose quota part is `replacement`, unless the
     /// file changed while it was copied (`None`, `path` left alone). The unchanged bytes are
-    /// copied by the kernel (`std::io::copy` between files is `copy_file_range`), not read into
-    /// this process: the todo lines of a large goal are most of `state.json`.
+    /// copied by the kernel ([`copy_range`]), not read into this process: the todo lines of a
+    /// large goal are most of `state.json`.
     fn replace(&self, path: &Path, replacement: &[u8]) -> Result<Option<std::fs::Metadata>> {
-        use std::io::{Read, Seek, SeekFrom, Write};
+        use std::io::Write;
         with_temp_file_unless_declined(path, |mut dst| {
-            let mut from = &self.file;
-            from.seek(SeekFrom::Start(0))?;
-            std::io::copy(&mut from.take(self.start), &mut dst)?;
+            copy_range(&self.file, 0, self.start, &mut dst)?;
             dst.write_all(replacement)?;
-            from.seek(SeekFrom::Start(self.end))?;
-            std::io::copy(&mut from, &mut dst)?;
+            copy_range(&self.file, self.end, self.len - self.end, &mut dst)?;
             Ok(self.still_stamped().then_some(dst))
         })
     }

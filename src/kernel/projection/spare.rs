@@ -115,9 +115,7 @@ impl Spare {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let (tmp, mut to) = super::place::create_temp(path)?;
                 let written = (|| {
-                    let mut from = &file;
-                    from.rewind()?;
-                    std::io::copy(&mut std::io::Read::take(from, len), &mut to)?;
+                    super::place::copy_range(&file, 0, len, &mut to)?;
                     let meta = to.metadata()?;
                     drop(to);
                     super::place::replace(&tmp, path, super::place::Old::Remove)?;
