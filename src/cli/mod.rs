@@ -313,6 +313,14 @@ impl Context {
     /// back by now and a close never checkpoints (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). What closing
     /// cost is in docs/benchmarks.md. Only the process's own `main` may call this: a long-lived
     /// caller would leak a connection per call.
+    /// Whether this process committed a write (see [`Kernel::has_committed`]).
+    fn has_committed(&self) -> bool {
+        self.kernel
+            .get()
+            .and_then(|k| k.try_borrow().ok().map(|k| k.has_committed()))
+            .unwrap_or(false)
+    }
+
     fn take_warnings(&self) -> Vec<String> {
         self.kernel
             .get()
@@ -552,6 +560,18 @@ pub fn main(wasm: WasmDispatch) -> i32 {
             }
             match written {
                 Ok(()) => exit_code,
+                // The change is made: an error code would have a retrying caller make it twice
+                // (docs/cli.md, "Exit codes").
+                Err(err) if ctx.has_committed() => {
+                    use std::io::Write;
+                    let line = format!(
+                        "loopx: warning: the command committed, but its output could not be \
+                         written: {}\n",
+                        crate::inert::text(&err.to_string())
+                    );
+                    let _ = std::io::stderr().write_all(line.as_bytes());
+                    exit_code
+                }
                 Err(err) => {
                     report_error(&err, Format::Text);
                     err.exit_code()

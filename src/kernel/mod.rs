@@ -303,6 +303,12 @@ impl Kernel {
         Ok(out)
     }
 
+    /// Whether a write transaction of this handle has committed: what the caller does after a
+    /// later failure (an output it cannot print) must not invite a retry that writes twice.
+    pub fn has_committed(&self) -> bool {
+        self.last_commit.is_some()
+    }
+
     fn in_transaction<R>(&mut self, f: impl FnOnce(&dyn StoreTx) -> Result<R>) -> Result<R> {
         let tx = self.store.begin_write()?;
         let out = f(&*tx)?;
