@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use loopx::cli::output::Format;
+use loopx::error::{LoopxError, bad_input, not_found};
 use loopx::paths::ProjectPaths;
 use loopx_serve::{Config, check_config, load_token, router, serve_until, watch_changes};
 
@@ -27,66 +29,76 @@ struct Args {
     /// File holding the token (its first line).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// How a failure to start is reported: `json` prints the error envelope `loopx --format
+    /// json` prints (`loopx serve` passes its own `--format`).
+    #[arg(long, value_enum, default_value = "text")]
+    format: Format,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let format = args.format;
     match serve(args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err((code, message)) => {
-            eprintln!("loopx-serve: error: {message}");
-            ExitCode::from(code)
+        Err(err) => {
+            loopx::cli::report_error(&err, format);
+            ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(1))
         }
     }
 }
 
-/// Exit codes as `loopx` uses them: 2 bad input, 3 not found, 6 I/O.
-fn serve(args: Args) -> Result<(), (u8, String)> {
+/// A failure of the machine to give the server what it needs (a port, a thread): exit 6.
+fn io_failure(context: String, source: std::io::Error) -> LoopxError {
+    LoopxError::Io {
+        path: PathBuf::new(),
+        context,
+        source,
+    }
+}
+
+fn serve(args: Args) -> loopx::Result<()> {
     let listen: SocketAddr = parse_listen(&args.listen).ok_or_else(|| {
-        (
-            2,
-            format!(
-                "--listen {:?} is not an address and port; use e.g. 127.0.0.1:7878, [::1]:7878 or localhost:7878",
-                args.listen
-            ),
-        )
+        bad_input(format!(
+            "--listen {:?} is not an address and port; use e.g. 127.0.0.1:7878, [::1]:7878 or localhost:7878",
+            args.listen
+        ))
     })?;
     let file = args.token_file.clone();
     let token = load_token(args.token, args.token_file).map_err(|e| {
-        let path = file
-            .as_deref()
-            .unwrap_or(std::path::Path::new(""))
-            .display();
-        // Exit codes as `loopx` uses them: 3 for a file that is not there, 2 for one that holds
-        // no token line, 6 for one unreadable.
-        let code = match e.kind() {
-            std::io::ErrorKind::NotFound => 3,
-            std::io::ErrorKind::InvalidData => 2,
-            _ => 6,
-        };
-        (
-            code,
-            format!("reading the token file {path}: {e}; pass an existing file with --token-file"),
-        )
+        let path = file.clone().unwrap_or_default();
+        let message = format!(
+            "reading the token file {}: {e}; pass an existing file with --token-file",
+            path.display()
+        );
+        // As `loopx` classifies them: a file that is not there, one that holds no token line,
+        // one the machine would not let us read.
+        match e.kind() {
+            std::io::ErrorKind::NotFound => not_found(message),
+            std::io::ErrorKind::InvalidData => bad_input(message),
+            _ => LoopxError::Io {
+                path,
+                context: "reading the token file".to_string(),
+                source: e,
+            },
+        }
     })?;
-    check_config(listen, token.as_deref()).map_err(|e| (2, e.to_string()))?;
-    let paths = ProjectPaths::discover(args.root.as_deref(), loopx::paths::working_directory)
-        .map_err(|e| (e.exit_code() as u8, e.to_string()))?;
+    check_config(listen, token.as_deref()).map_err(|e| bad_input(e.to_string()))?;
+    let paths = ProjectPaths::discover(args.root.as_deref(), loopx::paths::working_directory)?;
     // Opening the project once up front reports a damaged or missing one before listening.
-    loopx::kernel::Kernel::open(paths.clone()).map_err(|e| (e.exit_code() as u8, e.to_string()))?;
+    loopx::kernel::Kernel::open(paths.clone())?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| (6, format!("starting the runtime: {e}")))?;
+        .map_err(|e| io_failure("starting the runtime".to_string(), e))?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
-            .map_err(|e| (6, format!("listening on {listen}: {e}")))?;
+            .map_err(|e| io_failure(format!("listening on {listen}"), e))?;
         let bound = listener
             .local_addr()
-            .map_err(|e| (6, format!("reading the listening address: {e}")))?;
+            .map_err(|e| io_failure("reading the listening address".to_string(), e))?;
         let (changes, _) = tokio::sync::broadcast::channel(64);
         let watcher_paths = paths.clone();
         let sender = changes.clone();
@@ -97,7 +109,7 @@ fn serve(args: Args) -> Result<(), (u8, String)> {
                     eprintln!("loopx-serve: warning: live updates stopped: {e}");
                 }
             })
-            .map_err(|e| (6, format!("starting the change watcher: {e}")))?;
+            .map_err(|e| io_failure("starting the change watcher".to_string(), e))?;
         let app = router(
             Config {
                 paths: paths.clone(),

@@ -107,6 +107,27 @@ fn a_non_loopback_address_without_a_token_is_refused_with_exit_2() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// `loopx --format json serve` reports a failure to start as every other command does: the JSON
+/// envelope on stdout, with the exit code and kind a script branches on.
+#[test]
+fn a_refused_start_under_format_json_prints_the_error_envelope() {
+    let dir = project();
+    for (listen, code, kind) in [("nonsense", 2, "bad_input"), ("0.0.0.0:0", 2, "bad_input")] {
+        let out = Command::new(loopx_bin())
+            .args(["--format", "json", "serve", "--listen", listen])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(code), "{listen}");
+        let envelope: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{listen}: stdout is not JSON ({e}): {out:?}"));
+        assert_eq!(envelope["ok"], false, "{envelope}");
+        assert_eq!(envelope["error"]["kind"], kind, "{envelope}");
+        assert_eq!(envelope["error"]["exit_code"], code, "{envelope}");
+        assert!(!out.stderr.is_empty());
+    }
+}
+
 #[test]
 fn the_default_address_is_loopback() {
     let out = Command::new(server_bin()).arg("--help").output().unwrap();

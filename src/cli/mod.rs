@@ -700,7 +700,9 @@ fn write_stdout(text: &str) -> Result<()> {
     }
 }
 
-fn report_error(err: &LoopxError, format: Format) {
+/// Prints `err` as every `loopx` command does: the JSON envelope on stdout under `--format json`,
+/// and a line on stderr (also used by `loopx-serve` for its start-up failures).
+pub fn report_error(err: &LoopxError, format: Format) {
     let (stdout, stderr) = error_text(err, format);
     if let Some(text) = stdout {
         // Nothing more can be reported if stdout is gone too; stderr below still says it.

@@ -44,6 +44,9 @@ pub fn run(ctx: &Context, args: ServeArgs) -> Result<Output> {
     let server = exe.with_file_name(SERVE_BINARY);
     let mut command = std::process::Command::new(&server);
     command.arg("--root").arg(&paths.project);
+    if ctx.format == Format::Json {
+        command.args(["--format", "json"]);
+    }
     if let Some(listen) = &args.listen {
         command.arg("--listen").arg(listen);
     }
