@@ -70,6 +70,9 @@ pub fn run(ctx: &Context, _args: DoctorArgs) -> Result<Output> {
                         &state,
                     ),
                 }
+                let md = paths.goal_state_md(&goal.id);
+                let (ok, detail) = markdown_projection_check(&md);
+                record(&format!("goal {} STATE.md", goal.id), ok, detail, &md);
             }
         }
         for c in
@@ -117,4 +120,25 @@ pub fn run(ctx: &Context, _args: DoctorArgs) -> Result<Output> {
     }))
     .heading(format!("LoopX project at {} is healthy", paths.project.display()))
     .table(&["check", "result", "detail"], rows))
+}
+
+/// A Markdown projection is either missing (the goal's next write makes it) or a file; anything
+/// else in its place (a FIFO, a directory, a device) makes every write of the goal fail.
+fn markdown_projection_check(path: &std::path::Path) -> (bool, String) {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+            true,
+            "missing; the goal's next write re-creates it".to_string(),
+        ),
+        Err(e) => (false, format!("{}: {e}", path.display())),
+        Ok(meta) if meta.is_file() || meta.file_type().is_symlink() => (true, "ok".to_string()),
+        Ok(_) => (
+            false,
+            format!(
+                "{} is not a regular file; move it aside, and the next write of the goal puts \
+                 the file back",
+                path.display()
+            ),
+        ),
+    }
 }

@@ -152,8 +152,19 @@ fn check_run_reports(paths: &ProjectPaths, goal_id: &str) -> (bool, String, Path
             }
         }
     };
-    let Ok(entries) = std::fs::read_dir(&runs) else {
-        return (true, "no run reports".to_string(), runs);
+    let entries = match std::fs::read_dir(&runs) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return (true, "no run reports".to_string(), runs);
+        }
+        Err(e) => {
+            let detail = format!(
+                "{} cannot be read as the folder of run reports ({e}); if it is not a folder, \
+                 move it aside",
+                runs.display()
+            );
+            return (false, detail, runs);
+        }
     };
     for entry in entries.flatten() {
         let path = entry.path();

@@ -327,6 +327,38 @@ fn a_projection_that_is_no_regular_file_is_reported_not_waited_on() {
         std::fs::remove_file(path).unwrap();
         std::fs::write(path, saved).unwrap();
     }
+    // What doctor finds in the places of the goal's Markdown projection and its runs folder.
+    let md = p.state().join(format!("goals/{g}/STATE.md"));
+    let runs = p.state().join(format!("goals/{g}/runs"));
+    std::fs::remove_file(&md).unwrap();
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&md)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let moved = p.path().join("runs-aside");
+    std::fs::rename(&runs, &moved).unwrap();
+    std::fs::write(&runs, b"not a folder").unwrap();
+    let r = run_bounded(&["doctor"]);
+    assert_ne!(r.code, 0, "{}", r.stdout);
+    for named in [
+        "STATE.md is not a regular file",
+        "cannot be read as the folder of run reports",
+    ] {
+        assert!(
+            r.stdout.contains(named) || r.stderr.contains(named),
+            "{named}: {} {}",
+            r.stdout,
+            r.stderr
+        );
+    }
+    std::fs::remove_file(&md).unwrap();
+    std::fs::remove_file(&runs).unwrap();
+    std::fs::rename(&moved, &runs).unwrap();
+    p.ok(&["refresh-state", "--goal-id", g.as_str()]);
+    assert_eq!(run_bounded(&["doctor"]).code, 0);
 }
 
 #[test]
