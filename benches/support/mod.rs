@@ -38,7 +38,7 @@ pub fn seed(dir: &Path, todos: usize, history: usize) -> Kernel {
             tx.insert_todo(&open_todo(
                 format!("t{}", i + 1),
                 format!("bench todo {i}"),
-                Priority::from_rank((i % 5) as i64),
+                Priority::from_rank((i % 5) as i64).expect("0 to 4 are ranks"),
                 now,
             ))?;
         }

@@ -61,7 +61,7 @@ fn seed(dir: &Path, todos: usize, runs: usize, old_spends: usize) {
                 kind: TodoKind::Task,
                 title: format!("bench todo {i}"),
                 detail: String::new(),
-                priority: Priority::from_rank((i % 5) as i64),
+                priority: Priority::from_rank((i % 5) as i64).expect("0 to 4 are ranks"),
                 status: TodoStatus::Open,
                 depends_on: Vec::new(),
                 capability: None,

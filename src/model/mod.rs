@@ -89,13 +89,16 @@ impl Priority {
             Priority::P4 => 4,
         }
     }
-    pub fn from_rank(rank: i64) -> Priority {
+    /// The priority stored as `rank`; `None` for a rank no priority has (a row edited by hand
+    /// or damaged), which a reader reports rather than shows as some priority.
+    pub fn from_rank(rank: i64) -> Option<Priority> {
         match rank {
-            0 => Priority::P0,
-            1 => Priority::P1,
-            2 => Priority::P2,
-            3 => Priority::P3,
-            _ => Priority::P4,
+            0 => Some(Priority::P0),
+            1 => Some(Priority::P1),
+            2 => Some(Priority::P2),
+            3 => Some(Priority::P3),
+            4 => Some(Priority::P4),
+            _ => None,
         }
     }
 }

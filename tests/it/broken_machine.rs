@@ -173,6 +173,28 @@ fn doctor_finds_content_damage_and_commands_name_the_row() {
     assert_eq!(r.json()["error"]["kind"], "corrupt");
     assert!(r.stderr.contains("of table runs"), "{}", r.stderr);
 
+    // A priority no rank has is reported, not shown as some priority it is not.
+    sql(
+        &p,
+        &format!(
+            "UPDATE todos SET title = 'first' WHERE goal_id = '{g}' AND id = 't1';
+             UPDATE todos SET priority = 99 WHERE goal_id = '{g}' AND id = 't2';"
+        ),
+    );
+    for args in [
+        vec!["todo", "list", "--goal-id", g.as_str()],
+        vec!["doctor"],
+    ] {
+        let r = p.run(&args);
+        assert_eq!(r.code, 5, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr
+                .contains("priority rank 99 is none of 0 (P0) to 4 (P4)"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+
     sql(
         &p,
         &format!("UPDATE goals SET status = 'bogus' WHERE id = '{g}'"),

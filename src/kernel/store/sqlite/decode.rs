@@ -88,7 +88,14 @@ pub(super) fn read_todo_into(row: &Row, todo: &mut Todo) -> rusqlite::Result<()>
     todo.kind = text_enum(row, 3, TodoKind::parse)?;
     text(row, 4, &mut todo.title)?;
     text(row, 5, &mut todo.detail)?;
-    todo.priority = Priority::from_rank(row.get(6)?);
+    let rank: i64 = row.get(6)?;
+    todo.priority = Priority::from_rank(rank).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            6,
+            rusqlite::types::Type::Integer,
+            format!("priority rank {rank} is none of 0 (P0) to 4 (P4)").into(),
+        )
+    })?;
     todo.status = text_enum(row, 7, TodoStatus::parse)?;
     optional_text(row, 8, &mut todo.capability)?;
     optional_text(row, 9, &mut todo.lane)?;
