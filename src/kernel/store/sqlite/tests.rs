@@ -224,18 +224,21 @@ fn the_store_connection_has_the_planner_guarantee_and_no_checkpoint_on_close() {
     check(&SqliteStore::open(&path).unwrap());
 }
 
+/// A new database at `path` whose one commit (goal `g`) is still in its WAL.
+fn store_with_goal_in_its_wal(path: &Path) {
+    let mut store = SqliteStore::create(path).unwrap();
+    let tx = store.begin_write().unwrap();
+    tx.insert_goal(&goal()).unwrap();
+    tx.commit().unwrap();
+}
+
 #[test]
 fn a_store_whose_wal_was_removed_reopens_with_its_data() {
     // Another SQLite client closing the database last checkpoints and deletes the WAL; the
     // next open creates it again (and syncs the directory, `sync_directory`).
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("loopx.db");
-    {
-        let mut store = SqliteStore::create(&path).unwrap();
-        let tx = store.begin_write().unwrap();
-        tx.insert_goal(&goal()).unwrap();
-        tx.commit().unwrap();
-    }
+    store_with_goal_in_its_wal(&path);
     assert!(wal_path(&path).exists());
     let plain = Connection::open(&path).unwrap();
     plain
@@ -259,12 +262,7 @@ fn a_store_whose_wal_was_removed_reopens_with_its_data() {
 fn a_wal_with_a_damaged_header_is_reported_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("loopx.db");
-    {
-        let mut store = SqliteStore::create(&path).unwrap();
-        let tx = store.begin_write().unwrap();
-        tx.insert_goal(&goal()).unwrap();
-        tx.commit().unwrap();
-    }
+    store_with_goal_in_its_wal(&path);
     let wal = wal_path(&path);
     let (db_bytes, wal_bytes) = (std::fs::read(&path).unwrap(), std::fs::read(&wal).unwrap());
     type Damage = fn(&mut Vec<u8>);
