@@ -146,6 +146,18 @@ pub fn path(s: &str) -> Result<std::path::PathBuf, String> {
     Ok(std::path::PathBuf::from(s))
 }
 
+/// `--root`, which also comes from `LOOPX_ROOT`: an empty value names both, since the person
+/// reading the refusal may never have typed `--root`.
+pub fn root(s: &str) -> Result<std::path::PathBuf, String> {
+    if s.is_empty() {
+        return Err(
+            "is empty; pass a project directory with --root, or set LOOPX_ROOT to one (or unset it)"
+                .to_string(),
+        );
+    }
+    Ok(std::path::PathBuf::from(s))
+}
+
 pub fn capability(s: &str) -> Result<String, String> {
     crate::kernel::todo::check_capability_name(s).map_err(|_| {
         "is not a capability name: use <extension>/<capability> (e.g. issue-fix/issue-fix) or builtin:default".to_string()

@@ -58,7 +58,7 @@ pub(crate) const BIN_NAME: &str = "loopx";
 )]
 pub struct Cli {
     /// Project directory holding `.loopx/` (default: search upward from the working directory).
-    #[arg(long, global = true, env = "LOOPX_ROOT", value_name = "DIR", value_parser = flags::path)]
+    #[arg(long, global = true, env = "LOOPX_ROOT", value_name = "DIR", value_parser = flags::root)]
     pub root: Option<PathBuf>,
     // `--format`, `-q` and `-v` hold nothing when not given (no clap default, `Option`): clap
     // copies every global argument that has a match, a default included, into each level of the

@@ -907,3 +907,13 @@ fn install_progress_on_a_terminal() {
         assert!(progress < screen.find("Installed").unwrap(), "{screen}");
     }
 }
+
+/// An empty `LOOPX_ROOT` is refused naming the variable as well as the flag: whoever reads the
+/// refusal may never have typed `--root`.
+#[test]
+fn an_empty_root_names_the_variable_it_may_have_come_from() {
+    let p = support::Project::new();
+    let r = p.run_env(&["status"], &[("LOOPX_ROOT", "")]);
+    assert_eq!(r.code, 2, "{} {}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("LOOPX_ROOT"), "{}", r.stderr);
+}
