@@ -917,3 +917,36 @@ fn an_empty_root_names_the_variable_it_may_have_come_from() {
     assert_eq!(r.code, 2, "{} {}", r.stdout, r.stderr);
     assert!(r.stderr.contains("LOOPX_ROOT"), "{}", r.stderr);
 }
+
+/// A `loopx` whose agent channel is gone (`LOOPX_AGENT_SOCKET` left over from a turn that ended)
+/// fails as an I/O failure, and under `--format json` prints the envelope like any error, also
+/// when an argument is refused before anything is sent.
+#[test]
+fn a_channel_that_is_gone_is_an_io_failure_in_the_requested_format() {
+    use std::os::unix::ffi::OsStrExt;
+    let p = support::Project::new();
+    let gone = p.path().join("no-such.sock");
+    let gone = gone.to_str().unwrap();
+    let r = p.run_env(
+        &["--format", "json", "status"],
+        &[("LOOPX_AGENT_SOCKET", gone)],
+    );
+    assert_eq!(r.code, 6, "{} {}", r.stdout, r.stderr);
+    assert_eq!(r.json()["error"]["kind"], "io", "{}", r.stdout);
+    assert!(r.stderr.contains("not answering"), "{}", r.stderr);
+
+    let mut cmd = p.command(&[
+        "--format",
+        "json",
+        "todo",
+        "show",
+        "--goal-id",
+        "g",
+        "--todo-id",
+    ]);
+    cmd.arg(std::ffi::OsStr::from_bytes(b"t\xff"))
+        .env("LOOPX_AGENT_SOCKET", gone);
+    let r = support::to_run(cmd.output().unwrap());
+    assert_eq!(r.code, 2, "{} {}", r.stdout, r.stderr);
+    assert_eq!(r.json()["error"]["kind"], "bad_input", "{}", r.stdout);
+}
