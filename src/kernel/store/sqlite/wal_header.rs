@@ -36,9 +36,16 @@ pub(super) fn checked_wal_len(wal: &Path) -> Result<Option<u64>> {
     if !meta.is_file() || len < HEADER_BYTES + SMALLEST_FRAME {
         return Ok(Some(len));
     }
+    // This read takes none of SQLite's locks, so it may meet a writer rewriting the header of a
+    // log it starts over, and see part of each; a second look after that write is done decides.
     let mut header = [0u8; HEADER_BYTES as usize];
-    if file.read_exact_at(&mut header, 0).is_err() || is_valid_header(&header) {
-        return Ok(Some(len));
+    for attempt in 0..2 {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        if file.read_exact_at(&mut header, 0).is_err() || is_valid_header(&header) {
+            return Ok(Some(len));
+        }
     }
     Err(LoopxError::Corrupt {
         path: wal.to_path_buf(),
