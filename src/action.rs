@@ -101,22 +101,18 @@ impl NextAction {
                 todo_id,
                 agent_id,
                 claim_key,
-            } => (
-                "todo.complete",
-                vec![
-                    ("goal_id", goal_id.clone()),
-                    ("todo_id", todo_id.clone()),
-                    ("agent_id", agent_id.clone()),
-                    ("claim_key", claim_key.clone()),
-                ],
-            ),
-            NextAction::CheckMonitor {
+            }
+            | NextAction::CheckMonitor {
                 goal_id,
                 todo_id,
                 agent_id,
                 claim_key,
             } => (
-                "todo.check",
+                if matches!(self, NextAction::CheckMonitor { .. }) {
+                    "todo.check"
+                } else {
+                    "todo.complete"
+                },
                 vec![
                     ("goal_id", goal_id.clone()),
                     ("todo_id", todo_id.clone()),

@@ -149,13 +149,10 @@ pub fn path(s: &str) -> Result<std::path::PathBuf, String> {
 /// `--root`, which also comes from `LOOPX_ROOT`: an empty value names both, since the person
 /// reading the refusal may never have typed `--root`.
 pub fn root(s: &str) -> Result<std::path::PathBuf, String> {
-    if s.is_empty() {
-        return Err(
-            "is empty; pass a project directory with --root, or set LOOPX_ROOT to one (or unset it)"
-                .to_string(),
-        );
-    }
-    Ok(std::path::PathBuf::from(s))
+    path(s).map_err(|_| {
+        "is empty; pass a project directory with --root, or set LOOPX_ROOT to one (or unset it)"
+            .to_string()
+    })
 }
 
 pub fn capability(s: &str) -> Result<String, String> {

@@ -47,44 +47,41 @@ pub fn argv(action: &NextAction) -> Vec<String> {
             "--idempotency-key",
             idempotency_key,
         ],
+        // The lease holder's two ways to finish its turn's work: the same proof, the verb and
+        // what the agent writes differ.
         NextAction::CompleteTodo {
             goal_id,
             todo_id,
             agent_id,
             claim_key,
-        } => vec![
-            "todo",
-            "complete",
-            "--goal-id",
-            goal_id,
-            "--todo-id",
-            todo_id,
-            "--agent-id",
-            agent_id,
-            "--claim-key",
-            claim_key,
-            "--evidence",
-            EVIDENCE_PLACEHOLDER,
-        ],
-        NextAction::CheckMonitor {
+        }
+        | NextAction::CheckMonitor {
             goal_id,
             todo_id,
             agent_id,
             claim_key,
-        } => vec![
-            "todo",
-            "check",
-            "--goal-id",
-            goal_id,
-            "--todo-id",
-            todo_id,
-            "--agent-id",
-            agent_id,
-            "--claim-key",
-            claim_key,
-            "--observation",
-            OBSERVATION_PLACEHOLDER,
-        ],
+        } => {
+            let (verb, text_flag, placeholder) = match action {
+                NextAction::CheckMonitor { .. } => {
+                    ("check", "--observation", OBSERVATION_PLACEHOLDER)
+                }
+                _ => ("complete", "--evidence", EVIDENCE_PLACEHOLDER),
+            };
+            vec![
+                "todo",
+                verb,
+                "--goal-id",
+                goal_id,
+                "--todo-id",
+                todo_id,
+                "--agent-id",
+                agent_id,
+                "--claim-key",
+                claim_key,
+                text_flag,
+                placeholder,
+            ]
+        }
         NextAction::RefreshState {
             goal_id,
             agent_id,
