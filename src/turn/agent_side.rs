@@ -45,12 +45,22 @@ impl AgentSide {
         };
         let (channel, warning) = match ChannelServer::start(kernel.paths(), identity) {
             Ok(channel) => (channel, None),
-            Err(e) => (
-                None,
-                Some(format!(
-                    "the agent channel could not be started ({e}): the host's loopx calls fail"
-                )),
-            ),
+            Err(e) => {
+                // Without the channel an isolated host cannot reach `.loopx/` at all, while an
+                // unisolated one opens the project itself with the turn's identity variables.
+                let consequence = if sandbox.is_some() {
+                    "the host's loopx calls fail, since an isolated host cannot reach the project"
+                } else {
+                    "the host's loopx calls open the project directly, as the turn's agent"
+                };
+                (
+                    None,
+                    Some(format!(
+                        "the agent channel could not be started ({e}): {consequence}; \
+                         give TMPDIR a writable directory"
+                    )),
+                )
+            }
         };
         Ok(AgentSide {
             sandbox,

@@ -529,3 +529,43 @@ fn a_machine_that_cannot_isolate_refuses_required_and_warns_on_auto() {
         "{t}"
     );
 }
+
+/// With no usable temporary directory the agent channel cannot start, and the turn's warning
+/// says what that means for the host's own `loopx` calls, which differs with isolation: an
+/// unisolated host still reaches the project (directly, as the turn's agent), an isolated one
+/// cannot reach it at all.
+#[test]
+fn a_turn_without_its_agent_channel_warns_with_what_the_host_can_still_do() {
+    let loopx = crate::support::loopx_bin();
+    let body = format!(
+        "{loopx} --format json todo show --goal-id g --todo-id t1 > /dev/null 2>&1; \
+         echo \"show $?\" >> calls.log\n{}",
+        result_host("progress")
+    );
+    for (isolation, reached) in [("off", true), ("required", false)] {
+        let p = Project::with_goal_g();
+        p.add_work("t1");
+        let host = p.script("host.sh", &body);
+        let mut args = vec!["--format", "json"];
+        args.extend(turn_run("a1", &["--isolation", isolation], &[&host]));
+        let run = p
+            .run_env(&args, &[("TMPDIR", "/nonexistent/loopx-test-tmp")])
+            .ok();
+        let t = run.json()["turn"].clone();
+        assert_eq!(t["kind"], "validated_progress", "{t}");
+        let warnings = t["warnings"].to_string();
+        assert!(
+            warnings.contains("agent channel could not be started"),
+            "{t}"
+        );
+        assert!(warnings.contains("TMPDIR"), "{t}");
+        let calls = std::fs::read_to_string(p.file("calls.log")).unwrap();
+        if reached {
+            assert_eq!(calls.trim(), "show 0", "{calls}");
+            assert!(warnings.contains("open the project directly"), "{t}");
+        } else {
+            assert_ne!(calls.trim(), "show 0", "{calls}");
+            assert!(warnings.contains("calls fail"), "{t}");
+        }
+    }
+}
