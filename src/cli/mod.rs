@@ -614,9 +614,17 @@ fn argument_error_text(
     e: &clap::Error,
     args: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> (Option<String>, String) {
-    let text = flags::render_value_error(e).unwrap_or_else(|| e.render().to_string());
+    let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    let not_utf8 = (e.kind() == clap::error::ErrorKind::InvalidUtf8)
+        .then(|| not_utf8_message(&args))
+        .flatten();
+    let text = match &not_utf8 {
+        Some(message) => format!("error: {message}\n"),
+        None => flags::render_value_error(e).unwrap_or_else(|| e.render().to_string()),
+    };
     if json_requested(args) {
         let message = match flags::value_error_parts(e) {
+            _ if let Some(message) = not_utf8 => message,
             Some((flag, Some(value), reason)) => format!("{flag} '{value}' {reason}"),
             _ if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
                 missing_command_message(&text)
@@ -627,6 +635,30 @@ fn argument_error_text(
     } else {
         (None, crate::inert::text(&text).into_owned())
     }
+}
+
+/// What clap reports only as "invalid UTF-8 was detected in one or more arguments", naming the
+/// argument (its position and value, the undecodable bytes shown as U+FFFD) or `LOOPX_ROOT`,
+/// the one variable clap reads. `None` when neither is the cause.
+fn not_utf8_message(args: &[std::ffi::OsString]) -> Option<String> {
+    if let Some((position, arg)) = args
+        .iter()
+        .enumerate()
+        .skip(1)
+        .find(|(_, a)| a.to_str().is_none())
+    {
+        return Some(format!(
+            "argument {position}{} is not valid UTF-8; loopx takes UTF-8 arguments only",
+            crate::error::quoted_input(&arg.to_string_lossy(), 32)
+        ));
+    }
+    std::env::var_os("LOOPX_ROOT")
+        .is_some_and(|v| v.to_str().is_none())
+        .then(|| {
+            "the environment variable LOOPX_ROOT is not valid UTF-8; set it to a UTF-8 project \
+             directory or unset it"
+                .to_string()
+        })
 }
 
 /// Whether the command line asks for `--format json` (`--format json` or `--format=json`), read

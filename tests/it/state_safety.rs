@@ -503,10 +503,27 @@ fn paths_that_are_not_utf8_are_refused_with_exit_2_and_change_nothing() {
         let r = run(p.command(&[]).args(&args));
         assert_eq!(r.code, 2, "{args:?}: {}{}", r.stdout, r.stderr);
         assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+        // The refusal names the argument, not only that some argument was not UTF-8.
+        let position = format!("argument {} ", args.len());
+        assert!(r.stderr.contains(&position), "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains("not valid UTF-8"), "{}", r.stderr);
         if let Some(path) = made {
             assert!(!path.exists(), "{args:?} created {path:?}");
         }
     }
+    // `LOOPX_ROOT`, the one variable the parser reads, is named when it is the cause, in the
+    // JSON envelope when JSON was asked for.
+    let r = run(p
+        .command(&["--format", "json", "status"])
+        .env("LOOPX_ROOT", odd(b"root\xff")));
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    let envelope: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let message = envelope["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("LOOPX_ROOT is not valid UTF-8"),
+        "{message}"
+    );
+    assert_eq!(envelope["error"]["kind"], "bad_input");
     assert_eq!(before, p.snapshot());
     // A project found under a directory whose name is not UTF-8: refused before it is opened, so
     // a command that commits (refresh-state records a run) commits nothing.
