@@ -9,6 +9,8 @@
 
 use std::ops::RangeInclusive;
 
+use crate::model::WireEnum;
+
 /// `--limit` of `history` and `turn list`: the kernel pages history by at most 1000 runs.
 pub const LIMIT: RangeInclusive<i128> = 1..=1000;
 /// `--timeout-seconds` of `turn run` and `loop` (the driver's own bound).
@@ -160,6 +162,21 @@ pub fn capability(s: &str) -> Result<String, String> {
         "is not a capability name: use <extension>/<capability> (e.g. issue-fix/issue-fix) or builtin:default".to_string()
     })?;
     Ok(s.to_string())
+}
+
+/// A flag taking one of a [`WireEnum`]'s spellings: clap knows the values, so `--help` lists
+/// them, shell completions offer them, and a wrong one is refused with the list.
+pub fn wire<E: WireEnum>() -> impl clap::builder::TypedValueParser<Value = E> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(E::all().iter().map(|e| e.as_str())).try_map(
+        |text: String| {
+            E::all()
+                .iter()
+                .copied()
+                .find(|e| e.as_str() == text)
+                .ok_or_else(|| format!("is not one of the listed values ('{text}')"))
+        },
+    )
 }
 
 /// Longest value quoted whole in a refusal; longer values are cut to this many characters.

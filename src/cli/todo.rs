@@ -48,11 +48,11 @@ pub enum TodoCommand {
         #[arg(long, default_value = "")]
         detail: String,
         /// P0 (most urgent) to P4; a leading [Pn] in the title sets it too.
-        #[arg(long, value_parser = Priority::parse)]
+        #[arg(long, value_parser = super::flags::wire::<Priority>())]
         priority: Option<Priority>,
         /// task, monitor, user_gate (an operator decision that blocks work) or user_action (a
         /// step only a person can take).
-        #[arg(long, value_parser = TodoKind::parse, default_value = "task")]
+        #[arg(long, value_parser = super::flags::wire::<TodoKind>(), default_value = "task")]
         kind: TodoKind,
         /// Todo ids this one waits for; repeat for several.
         #[arg(long = "depends-on")]
@@ -83,8 +83,8 @@ pub enum TodoCommand {
         /// The goal (its id, as `goal list` shows it).
         #[arg(long)]
         goal_id: String,
-        /// Only todos in this status: open, claimed, blocked, deferred, completed, archived.
-        #[arg(long, value_parser = TodoStatus::parse)]
+        /// Only todos in this status.
+        #[arg(long, value_parser = super::flags::wire::<TodoStatus>())]
         status: Option<TodoStatus>,
         /// Print the list again after every commit by any process (in place on a terminal)
         /// until Ctrl-C/SIGTERM or until stdout closes.
@@ -151,8 +151,8 @@ pub enum TodoCommand {
         /// The todo (its id within the goal, e.g. t1).
         #[arg(long)]
         todo_id: String,
-        /// New status: open, claimed, blocked, deferred, completed, archived.
-        #[arg(long, value_parser = TodoStatus::parse)]
+        /// New status (`claimed` is refused: a claim, which grants the lease, sets it).
+        #[arg(long, value_parser = super::flags::wire::<TodoStatus>())]
         status: Option<TodoStatus>,
         /// Evidence of the work (a command and its result, a commit, a path); stored as given.
         #[arg(long)]
@@ -164,7 +164,7 @@ pub enum TodoCommand {
         #[arg(long)]
         detail: Option<String>,
         /// P0 (most urgent) to P4; a leading [Pn] in the title sets it too.
-        #[arg(long, value_parser = Priority::parse)]
+        #[arg(long, value_parser = super::flags::wire::<Priority>())]
         priority: Option<Priority>,
         /// Why the status changed (blocked/deferred).
         #[arg(long)]
@@ -490,7 +490,7 @@ pub struct ScheduleArgs {
     #[arg(long, conflicts_with = "on_change")]
     pub watch_only: bool,
     /// Monitors: what a material change opens: open_todo (an agent todo, default) or replan.
-    #[arg(long, value_parser = MonitorFollowUp::parse)]
+    #[arg(long, value_parser = super::flags::wire::<MonitorFollowUp>())]
     pub on_change: Option<MonitorFollowUp>,
     /// Monitors: quiet checks in a row before the cadence backs off (x2, x4, x8; default 3).
     #[arg(long, allow_hyphen_values = true, value_parser = super::flags::max_no_change)]

@@ -41,7 +41,7 @@ pub struct TurnArgs {
     /// Keep the host and validator out of `.loopx/` with OS namespaces: `auto` (isolate where
     /// the OS can, else warn and record `isolation: none`), `required` (refuse to start a turn
     /// the OS cannot isolate) or `off`.
-    #[arg(long, default_value = "auto", value_parser = IsolationMode::parse)]
+    #[arg(long, default_value = "auto", value_parser = super::flags::wire::<IsolationMode>())]
     pub isolation: IsolationMode,
     /// The host argv (no shell), after `--`.
     #[arg(last = true, required = true, value_name = "HOST_ARGV")]
@@ -113,9 +113,9 @@ pub enum TurnCommand {
         /// Only turns of this goal (default: every goal).
         #[arg(long)]
         goal_id: Option<String>,
-        /// Only turns in this journal status: in_progress, committed, stopped, failed.
-        #[arg(long)]
-        status: Option<String>,
+        /// Only turns in this journal status.
+        #[arg(long, value_parser = super::flags::wire::<JournalStatus>())]
+        status: Option<JournalStatus>,
         /// Most turns to show, newest first (1..=1000).
         #[arg(long, default_value_t = 20, allow_hyphen_values = true, value_parser = super::flags::limit)]
         limit: usize,
@@ -259,7 +259,6 @@ pub fn run(ctx: &Context, cmd: TurnCommand) -> Result<Output> {
             status,
             limit,
         } => {
-            let status = status.as_deref().map(JournalStatus::parse).transpose()?;
             let turns = list_turns(&mut kernel, goal_id.as_deref(), status, limit)?;
             let rows = turns
                 .iter()

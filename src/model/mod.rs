@@ -31,9 +31,20 @@ macro_rules! wire_enum {
                     $($text => Ok($name::$variant),)+
                     other => Err($crate::error::bad_input(format!(
                         "unknown {} '{}': expected one of {}",
-                        stringify!($name), other, [$($text),+].join(", ")
+                        $crate::model::type_words(stringify!($name)),
+                        other,
+                        [$($text),+].join(", ")
                     ))),
                 }
+            }
+        }
+
+        impl $crate::model::WireEnum for $name {
+            fn all() -> &'static [Self] {
+                Self::ALL
+            }
+            fn as_str(self) -> &'static str {
+                $name::as_str(self)
             }
         }
 
@@ -45,6 +56,25 @@ macro_rules! wire_enum {
     };
 }
 pub(crate) use wire_enum;
+
+/// An enum with a fixed set of wire spellings (every [`wire_enum!`] type): what lets a flag offer
+/// its values to `--help` and shell completions.
+pub trait WireEnum: Copy + Send + Sync + 'static {
+    fn all() -> &'static [Self];
+    fn as_str(self) -> &'static str;
+}
+
+/// A type's name as words for a message: `TodoStatus` reads "todo status".
+pub(crate) fn type_words(name: &str) -> String {
+    let mut words = String::with_capacity(name.len() + 4);
+    for (i, c) in name.char_indices() {
+        if c.is_ascii_uppercase() && i > 0 {
+            words.push(' ');
+        }
+        words.push(c.to_ascii_lowercase());
+    }
+    words
+}
 
 wire_enum!(
     /// Lifecycle of a goal. Only `active` goals may run agent turns.
@@ -336,4 +366,25 @@ pub struct ArtifactRecord {
     pub engine_key: String,
     pub artifact_sha256: String,
     pub recorded_at: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused spelling names the type in words and lists every spelling, in the message a
+    /// stored row or a host's JSON gets (flags list their values through clap instead).
+    #[test]
+    fn an_unknown_spelling_is_refused_in_words() {
+        let e = TodoStatus::parse("done").unwrap_err().to_string();
+        assert!(e.contains("unknown todo status 'done'"), "{e}");
+        assert!(
+            e.contains("open, claimed, blocked, deferred, completed, archived"),
+            "{e}"
+        );
+        assert_eq!(type_words("MonitorFollowUp"), "monitor follow up");
+        for status in <TodoStatus as WireEnum>::all() {
+            assert_eq!(TodoStatus::parse(status.as_str()).ok(), Some(*status));
+        }
+    }
 }

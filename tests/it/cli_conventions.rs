@@ -151,6 +151,17 @@ fn completions_name_the_commands_for_every_shell() {
         "{}",
         &bash.stdout[..200]
     );
+    // Flags that take one of a fixed set of values offer those values.
+    for values in [
+        "open claimed blocked deferred completed archived",
+        "P0 P1 P2 P3 P4",
+        "task monitor user_gate user_action",
+        "auto required off",
+        "in_progress committed stopped failed",
+        "open_todo replan",
+    ] {
+        assert!(bash.stdout.contains(values), "bash offers no {values}");
+    }
     for (shell, marker) in [
         ("zsh", "#compdef loopx"),
         ("fish", "complete -c loopx"),
