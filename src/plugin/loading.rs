@@ -30,13 +30,8 @@ impl PluginHost {
     ) -> std::result::Result<LoadedPlugin, InvokeError> {
         let (ext, id) = split_name(name)?;
         let rec = kernel.extension(ext)?.ok_or_else(|| ext_not_found(ext))?;
-        if !rec.enabled {
-            return Err(PluginError::Disabled {
-                plugin: name.to_string(),
-                extension: ext.to_string(),
-            }
-            .into());
-        }
+        // What the extension provides is checked before whether it is enabled: a name it does not
+        // provide is wrong either way, and enabling it would not help.
         let manifest = record_manifest(&rec)?;
         match manifest.provides(id) {
             Some(p) if p.kind == kind => {}
@@ -59,6 +54,13 @@ impl PluginHost {
                 ))
                 .into());
             }
+        }
+        if !rec.enabled {
+            return Err(PluginError::Disabled {
+                plugin: name.to_string(),
+                extension: ext.to_string(),
+            }
+            .into());
         }
         Ok(self.load(kernel, &rec, id)?)
     }

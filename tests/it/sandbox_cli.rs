@@ -142,6 +142,23 @@ fn first_party_extensions_through_the_cli() {
     ]);
     assert_eq!(disabled.code, 1, "{}", disabled.stderr);
     assert!(disabled.stderr.contains("disabled"), "{}", disabled.stderr);
+    // A name the disabled extension does not provide is reported as such: enabling would not help.
+    let unknown = p.run(&[
+        "capability",
+        "invoke",
+        "issue-fix/no-such",
+        "--goal-id",
+        "g1",
+        "--input",
+        "fix.txt",
+    ]);
+    assert_eq!(unknown.code, 3, "{}", unknown.stderr);
+    assert!(
+        unknown.stderr.contains("provides no capability 'no-such'")
+            && !unknown.stderr.contains("disabled"),
+        "{}",
+        unknown.stderr
+    );
     p.run(&["extension", "enable", "issue-fix"]).ok();
     let up = p
         .run(&[
