@@ -193,14 +193,10 @@ pub fn render_value_error(e: &clap::Error) -> Option<String> {
     Some(format!("error: {flag}{value} {reason}\n"))
 }
 
-/// The flag, the exact value and the reason of a value a parser above refused; `None` for
-/// every other error. JSON error messages quote the value whole: JSON keeps the exact text.
+/// The flag, the exact value and the reason of a value a parser above or clap's set of values
+/// refused; `None` for every other error. JSON error messages quote the value whole: JSON keeps the exact text.
 pub fn value_error_parts(e: &clap::Error) -> Option<(String, Option<String>, String)> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if e.kind() != ErrorKind::ValueValidation {
-        return None;
-    }
-    let reason = std::error::Error::source(e)?.to_string();
     let flag = match e.get(ContextKind::InvalidArg) {
         Some(ContextValue::String(arg)) => arg.split_whitespace().next().unwrap_or("").to_string(),
         _ => return None,
@@ -208,6 +204,22 @@ pub fn value_error_parts(e: &clap::Error) -> Option<(String, Option<String>, Str
     let value = match e.get(ContextKind::InvalidValue) {
         Some(ContextValue::String(v)) => Some(v.clone()),
         _ => None,
+    };
+    let reason = match e.kind() {
+        ErrorKind::ValueValidation => std::error::Error::source(e)?.to_string(),
+        // A value outside a fixed set ([`wire`]), or none given: the set, in the shape of the
+        // other reasons.
+        ErrorKind::InvalidValue => match e.get(ContextKind::ValidValue) {
+            Some(ContextValue::Strings(values)) if value.as_deref() == Some("") => {
+                let reason = format!("needs a value: one of {}", values.join(", "));
+                return Some((flag, None, reason));
+            }
+            Some(ContextValue::Strings(values)) => {
+                format!("is not one of the values it takes: {}", values.join(", "))
+            }
+            _ => return None,
+        },
+        _ => return None,
     };
     Some((flag, value, reason))
 }

@@ -311,6 +311,33 @@ fn argument_errors_speak_json_when_asked() {
             run.stderr
         );
     }
+    // A value outside a flag's fixed set is refused with the set; a missing one asks for it.
+    for (value, expected) in [
+        (
+            &["--priority", "P9"][..],
+            "--priority 'P9' is not one of the values it takes: P0, P1, P2, P3, P4",
+        ),
+        (
+            &["--priority"][..],
+            "--priority needs a value: one of P0, P1, P2, P3, P4",
+        ),
+    ] {
+        let mut args = vec![
+            "--format",
+            "json",
+            "todo",
+            "add",
+            "--goal-id",
+            "g",
+            "--title",
+            "x",
+        ];
+        args.extend_from_slice(value);
+        let run = p.run(&args);
+        assert_eq!(run.code, 2, "{run:?}");
+        assert_eq!(run.json()["error"]["message"], expected);
+        assert_eq!(run.stderr, format!("loopx: error: {expected}\n"));
+    }
     // A group without its command names the commands, not the whole help page.
     let group = p.run(&["--format", "json", "todo"]).json();
     let message = group["error"]["message"].as_str().unwrap();
