@@ -5,17 +5,22 @@
 //! connection, forever; and the token is checked only once the headers are complete. So anyone
 //! who can reach a `--listen 0.0.0.0` server could open connections, send half a header (or
 //! nothing) and exhaust the process's descriptors without a token. Here every connection must
-//! finish its headers within [`HEADER_READ_TIMEOUT`], and at most [`MAX_CONNECTIONS`] are open.
+//! finish its headers within [`HEADER_READ_TIMEOUT`], a response the client stops reading is
+//! abandoned after [`WRITE_STALL_TIMEOUT`] (pipelined requests whose answers are never read, an
+//! event stream of a page that stopped reading), and at most [`MAX_CONNECTIONS`] are open.
 
 use std::future::Future;
-use std::pin::pin;
+use std::io;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
@@ -25,6 +30,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 /// left idle between requests. It never runs while a response is written, so an event stream
 /// lives as long as its page.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a response may wait for the client to take more of it. hyper has no such bound: a
+/// client that pipelines requests and never reads the answers, or a page that stopped reading
+/// its event stream, would hold its connection (and one of [`MAX_CONNECTIONS`]) forever. A
+/// reading browser takes bytes as fast as they come; one that has not taken any for this long is
+/// gone or hostile.
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long, after an interrupt, a response being written may take to finish. An event stream
 /// never finishes (it lasts as long as its page), so without this bound an open dashboard tab
@@ -105,6 +117,7 @@ async fn connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
+    let stream = StallLimited::new(stream, WRITE_STALL_TIMEOUT);
     let mut conn =
         pin!(builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app)));
     tokio::select! {
@@ -115,4 +128,92 @@ async fn connection(
     }
     conn.as_mut().graceful_shutdown();
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, conn).await;
+}
+
+/// A connection whose writes fail with `TimedOut` once one has waited `limit` for the client to
+/// make room (see [`WRITE_STALL_TIMEOUT`]); hyper then closes it. Reads pass through: hyper's own
+/// header-read timeout bounds them.
+struct StallLimited {
+    stream: TcpStream,
+    limit: Duration,
+    /// Armed when a write finds no room, disarmed by the next write that makes progress.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl StallLimited {
+    fn new(stream: TcpStream, limit: Duration) -> StallLimited {
+        StallLimited {
+            stream,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// `poll` of a write: progress disarms the deadline; no room arms it, and a deadline that
+    /// passed turns the wait into `TimedOut`.
+    fn bounded<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match poll(Pin::new(&mut self.stream), cx) {
+            Poll::Ready(result) => {
+                self.stalled = None;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                let limit = self.limit;
+                let deadline = self
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                match deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client stopped reading the response",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl AsyncRead for StallLimited {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for StallLimited {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.bounded(cx, |s, cx| s.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.bounded(cx, |s, cx| s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.bounded(cx, |s, cx| s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.bounded(cx, |s, cx| s.poll_shutdown(cx))
+    }
 }

@@ -31,7 +31,9 @@ use serde::Deserialize;
 use tokio::sync::broadcast;
 
 mod connections;
-pub use connections::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, SHUTDOWN_GRACE, serve_until};
+pub use connections::{
+    HEADER_READ_TIMEOUT, MAX_CONNECTIONS, SHUTDOWN_GRACE, WRITE_STALL_TIMEOUT, serve_until,
+};
 
 /// The page, its script and its style, compiled in: no build step, nothing fetched at run time.
 const INDEX_HTML: &str = include_str!("../assets/index.html");
@@ -156,7 +158,14 @@ pub fn watch_changes(
 async fn guard(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let api = request.uri().path().starts_with("/api/");
     let mut response = match refusal(&state.config, &request) {
-        Some(refused) => refused,
+        // The connection closes after a refusal: a client without the token (or for another
+        // host) gets one answer per connection, not a kept-alive slot to pipeline into.
+        Some(mut refused) => {
+            refused
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            refused
+        }
         None => next.run(request).await,
     };
     if api {

@@ -326,3 +326,79 @@ fn an_interrupt_still_stops_the_server_cleanly() {
     };
     assert!(exit.success(), "{exit:?}");
 }
+
+/// How many sockets the server process holds (its listener and its connections; the database
+/// files a request opens are not counted).
+fn open_sockets(server: &Server) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", server.0.id()))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
+/// A client that pipelines requests and never reads the answers is disconnected once the server
+/// has waited [`loopx_serve::WRITE_STALL_TIMEOUT`] for it to take more: it cannot hold one of
+/// the server's connections (and descriptors) by never reading.
+#[test]
+fn a_client_that_stops_reading_its_answers_is_disconnected() {
+    let dir = project();
+    let server = start(dir.path(), &[]);
+    let host = server.1.clone();
+    let idle = open_sockets(&server);
+    let mut hog = TcpStream::connect(&host).unwrap();
+    // Far more answer bytes than the socket buffers on both sides hold (the OpenAPI document
+    // is tens of KB); the writes stop once the server stops reading requests.
+    hog.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let request = format!("GET /api/v1/openapi.json HTTP/1.1\r\nHost: {host}\r\n\r\n");
+    for _ in 0..5_000 {
+        if hog.write_all(request.as_bytes()).is_err() {
+            break;
+        }
+    }
+    let connected = Instant::now();
+    while open_sockets(&server) == idle {
+        assert!(
+            connected.elapsed() < Duration::from_secs(10),
+            "the server never took the connection"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let limit = loopx_serve::WRITE_STALL_TIMEOUT + Duration::from_secs(15);
+    while open_sockets(&server) > idle {
+        assert!(
+            connected.elapsed() < limit,
+            "the server still holds the connection of a client that stopped reading"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(hog);
+    // The server serves others as before.
+    let mut normal = TcpStream::connect(&host).unwrap();
+    write!(
+        normal,
+        "GET /api/v1/goals HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let answer = read_until_closed(&mut normal, Duration::from_secs(20), "normal");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// A request without the token is answered once and its connection closed: a client without the
+/// token cannot keep a connection open by pipelining refused requests into it.
+#[test]
+fn a_refused_request_closes_its_connection() {
+    let dir = project();
+    let server = start(dir.path(), &["--token", "secret-token"]);
+    let host = server.1.clone();
+    let mut stranger = TcpStream::connect(&host).unwrap();
+    let request = format!("GET /api/v1/status HTTP/1.1\r\nHost: {host}\r\n\r\n");
+    write!(stranger, "{request}{request}{request}").unwrap();
+    let answered = read_until_closed(&mut stranger, Duration::from_secs(3), "refused");
+    assert!(answered.starts_with("HTTP/1.1 401"), "{answered}");
+    assert_eq!(answered.matches("HTTP/1.1 ").count(), 1, "{answered}");
+    assert!(
+        answered.to_ascii_lowercase().contains("connection: close"),
+        "{answered}"
+    );
+}
