@@ -2,7 +2,8 @@
 //!
 //! Every id is a single path-safe token because goal and run ids become directory and file names
 //! under `.loopx/`. Run and operation ids are ULIDs: sortable by creation time, unique without
-//! coordination, never a timestamp with a collision suffix.
+//! coordination, never a timestamp with a collision suffix. A run's id is also ordered after every
+//! stored one ([`ulid_after`]), so runs sort in commit order whatever the clock does.
 
 use crate::error::{Result, bad_input, quoted_input};
 
@@ -36,12 +37,38 @@ pub fn validate_token(what: &str, value: &str) -> Result<()> {
 /// ids, and seeding ChaCha cost more than all of them (its start-up probes the CPU's features,
 /// and every `cpuid` traps to the hypervisor on a virtual machine).
 pub fn new_ulid() -> String {
+    fresh_ulid().to_string()
+}
+
+fn fresh_ulid() -> ulid::Ulid {
     let mut random = [0u8; 10];
     getrandom::fill(&mut random).expect("the operating system's random source is available");
     let mut bits = [0u8; 16];
     bits[6..].copy_from_slice(&random);
     let ms = crate::clock::now_ms().max(0) as u64;
-    ulid::Ulid::from_parts(ms, u128::from_be_bytes(bits)).to_string()
+    ulid::Ulid::from_parts(ms, u128::from_be_bytes(bits))
+}
+
+/// A new ULID that sorts after `newest`, the newest id of its kind already stored: a fresh one
+/// when it does, else `newest` plus one. Ids listed newest first (history) and "the latest run"
+/// then follow the order of commits, even when two commits share a millisecond or the clock was
+/// set back between them. Allocated inside the write transaction that stores the id, so no
+/// other writer can take the same successor. A `newest` that is not a ULID gives a fresh one.
+pub fn ulid_after(newest: Option<&str>) -> String {
+    let fresh = fresh_ulid();
+    let Some(newest) = newest.and_then(|n| ulid::Ulid::from_string(n).ok()) else {
+        return fresh.to_string();
+    };
+    if fresh > newest {
+        return fresh.to_string();
+    }
+    newest
+        .increment()
+        // The random part of `newest` is all ones: the next millisecond, fresh random bits.
+        .unwrap_or_else(|| {
+            ulid::Ulid::from_parts(newest.timestamp_ms().saturating_add(1), fresh.random())
+        })
+        .to_string()
 }
 
 /// A readable id derived from free text ("Fix the flaky test!" -> "fix-the-flaky-test").
@@ -75,6 +102,28 @@ pub fn slug(text: &str, max_len: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new id sorts after the newest stored one whatever the clock says: one from the future
+    /// (a clock set back since), one of this millisecond, one with its random part exhausted.
+    #[test]
+    fn an_id_after_the_newest_sorts_after_it() {
+        let now = new_ulid();
+        let future = ulid::Ulid::from_parts(u64::MAX >> 16, 7).to_string();
+        let full = ulid::Ulid::from_parts(u64::MAX >> 17, u128::MAX >> 48).to_string();
+        for newest in [now.clone(), future, full] {
+            let next = ulid_after(Some(&newest));
+            assert!(next > newest, "{next} after {newest}");
+            assert_eq!(next.len(), 26);
+        }
+        let mut previous = now;
+        for _ in 0..1000 {
+            let next = ulid_after(Some(&previous));
+            assert!(next > previous);
+            previous = next;
+        }
+        assert_eq!(ulid_after(None).len(), 26);
+        assert_eq!(ulid_after(Some("not-a-ulid")).len(), 26);
+    }
 
     #[test]
     fn tokens() {

@@ -16,7 +16,6 @@ use super::transition::{
 use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
 use crate::error::{LoopxError, Result};
-use crate::ids::new_ulid;
 use crate::kernel::store::StoreTx;
 use crate::model::{GateScope, GoalStatus, Role, Run, TodoKind, TodoStatus};
 
@@ -438,7 +437,7 @@ impl Kernel {
             let now = now_ms();
             let mut report = admit_in_tx(tx, source, proposals, false, now)?;
             let run = Run {
-                id: new_ulid(),
+                id: super::run::RunIds::new(tx).next()?,
                 goal_id: source.goal_id.clone(),
                 agent_id: source.agent_id.clone(),
                 todo_id: None,

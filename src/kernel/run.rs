@@ -13,7 +13,7 @@ use super::quota::{QuotaView, view_in_tx};
 use super::{Actor, Kernel, log_op, require_goal, require_todo};
 use crate::clock::now_ms;
 use crate::error::{Param, Result, bad_input, msg};
-use crate::ids::{new_ulid, validate_token};
+use crate::ids::validate_token;
 use crate::model::{Evidence, Goal, Reward, Run};
 
 /// A `refresh-state` request: record a run for the goal and re-project its state files.
@@ -67,6 +67,35 @@ fn counts_json(counts: &[(String, String, i64)]) -> Value {
         entry[status] = json!(n);
     }
     Value::Object(out)
+}
+
+/// Hands out the ids of the runs a write transaction records, each sorting after every run id
+/// stored before it ([`crate::ids::ulid_after`]): history lists runs newest first by id, and
+/// `quota spend-slot` charges the latest run by default, so ids must follow the order of commits,
+/// not the clock's.
+pub struct RunIds<'a> {
+    tx: &'a dyn crate::kernel::store::StoreTx,
+    /// The last id handed out, in case this transaction records more than one run.
+    last: std::cell::RefCell<Option<String>>,
+}
+
+impl<'a> RunIds<'a> {
+    pub(crate) fn new(tx: &'a dyn crate::kernel::store::StoreTx) -> RunIds<'a> {
+        RunIds {
+            tx,
+            last: std::cell::RefCell::new(None),
+        }
+    }
+
+    /// The id of the next run this transaction records.
+    pub fn next(&self) -> Result<String> {
+        let stored = self.tx.newest_run_id()?;
+        let mut last = self.last.borrow_mut();
+        let newest = std::cmp::max(stored, last.take());
+        let id = crate::ids::ulid_after(newest.as_deref());
+        *last = Some(id.clone());
+        Ok(id)
+    }
 }
 
 /// Inserts a run row and its operation-log entry inside the caller's transaction (the turn driver
@@ -142,7 +171,7 @@ impl Kernel {
                 summary.clone()
             };
             let run = Run {
-                id: new_ulid(),
+                id: RunIds::new(tx).next()?,
                 goal_id: req.goal_id.clone(),
                 agent_id: req.agent_id.clone(),
                 todo_id: req.todo_id.clone(),

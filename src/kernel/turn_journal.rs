@@ -15,7 +15,7 @@ use super::admission::admit_in_tx;
 use super::claim::{ClaimRequest, claim_in_tx, release_in_tx};
 use super::decision::{Decision, TurnRoute, WAIT_FOR_TURN_SECONDS, decide_in_tx};
 use super::quota::{SpendReceipt, SpendRequest, spend_in_tx};
-use super::run::record_run_in_tx;
+use super::run::{RunIds, record_run_in_tx};
 use super::transition::{AdmissionReport, ProposalSource, Transition};
 use super::{Actor, Kernel, LeaseProof, log_op, require_goal};
 use crate::clock::now_ms;
@@ -282,7 +282,7 @@ impl Kernel {
         expected_phases: &[Phase],
         phase: Phase,
         effect: PhaseEffect,
-        journal: impl FnOnce(EffectOutcome, i64) -> Result<PhaseWrite>,
+        journal: impl FnOnce(EffectOutcome, i64, &RunIds<'_>) -> Result<PhaseWrite>,
     ) -> Result<TurnRecord> {
         self.write(|tx| {
             let now = now_ms();
@@ -378,7 +378,7 @@ impl Kernel {
                     EffectOutcome::Lease(lease)
                 }
             };
-            let write = journal(outcome, now)?;
+            let write = journal(outcome, now, &RunIds::new(tx))?;
             let settles = phase == Phase::TerminalCloseout;
             match write.settle {
                 Some(JournalStatus::InProgress) | None if settles => {
@@ -543,7 +543,7 @@ mod tests {
                     &expected,
                     phase,
                     effect,
-                    |_, _| Ok(write(phase, n)),
+                    |_, _, _| Ok(write(phase, n)),
                 )
                 .unwrap();
             expected.push(phase);
@@ -581,7 +581,7 @@ mod tests {
                 &[Phase::HostExecute],
                 Phase::TypedResult,
                 PhaseEffect::JournalOnly,
-                |_, _| Ok(write(Phase::TypedResult, 1)),
+                |_, _, _| Ok(write(Phase::TypedResult, 1)),
             )
             .unwrap_err();
         assert_eq!(stale.exit_code(), 4, "{stale}");
@@ -606,7 +606,7 @@ mod tests {
                     &[],
                     Phase::HostExecute,
                     PhaseEffect::JournalOnly,
-                    |_, _| Ok(write(Phase::HostExecute, 1)),
+                    |_, _, _| Ok(write(Phase::HostExecute, 1)),
                 )
                 .unwrap_err();
             assert_eq!(err.exit_code(), 1, "{actor:?}: {err}");

@@ -11,6 +11,7 @@ use super::journal::JournalData;
 use super::lock::crash_hook;
 use super::{Phase, TurnResultKind};
 use crate::error::{LoopxError, Result};
+use crate::kernel::run::RunIds;
 use crate::kernel::turn_journal::{EffectOutcome, PhaseEffect, PhaseWrite};
 use crate::kernel::{Actor, Kernel};
 use crate::model::{Run, TurnRecord};
@@ -26,7 +27,7 @@ pub(crate) fn commit_phase(
     phase: Phase,
     started: Instant,
     effect: PhaseEffect,
-    update: impl FnOnce(EffectOutcome, &mut JournalData, i64) -> Result<Option<Run>>,
+    update: impl FnOnce(EffectOutcome, &mut JournalData, i64, &RunIds<'_>) -> Result<Option<Run>>,
 ) -> Result<()> {
     let mut next = data.clone();
     let actor = turn_actor(&rec.agent_id, &rec.turn_key);
@@ -36,8 +37,8 @@ pub(crate) fn commit_phase(
         &rec.phases,
         phase,
         effect,
-        |outcome, now| {
-            let run = update(outcome, &mut next, now)?;
+        |outcome, now, run_ids| {
+            let run = update(outcome, &mut next, now, run_ids)?;
             let settle = if phase == Phase::TerminalCloseout {
                 let kind = next.kind.unwrap_or(TurnResultKind::TerminalCloseoutFailed);
                 next.settled_at = Some(now);

@@ -16,7 +16,6 @@ use super::journal::{ClaimInfo, JOURNAL_SCHEMA, JournalData};
 use super::outcome::{TurnOutcome, stored_outcome};
 use super::{JournalStatus, Phase, TurnResultKind};
 use crate::error::Result;
-use crate::ids::new_ulid;
 use crate::kernel::turn_journal::{
     EffectOutcome, LeaseHeld, LeaseOutcome, PhaseEffect, PhaseWrite,
 };
@@ -74,7 +73,7 @@ pub(crate) fn settle_undecodable(
         &rec.phases,
         Phase::TerminalCloseout,
         effect,
-        |outcome, now| {
+        |outcome, now, run_ids| {
             let mut claim = ClaimInfo {
                 fence: 0,
                 claim_key: String::new(),
@@ -111,7 +110,7 @@ pub(crate) fn settle_undecodable(
                 None
             } else {
                 Some(Run {
-                    id: new_ulid(),
+                    id: run_ids.next()?,
                     goal_id: rec.goal_id.clone(),
                     agent_id: Some(rec.agent_id.clone()),
                     todo_id: rec.todo_id.clone(),

@@ -69,7 +69,7 @@ pub(crate) fn advance(
                     Phase::HostExecute,
                     started,
                     PhaseEffect::JournalOnly,
-                    |_, d, _| {
+                    |_, d, _, _| {
                         d.host = Some(outcome);
                         Ok(None)
                     },
@@ -86,7 +86,7 @@ pub(crate) fn advance(
                     Phase::TypedResult,
                     started,
                     effect,
-                    |_, d, _| {
+                    |_, d, _, _| {
                         if !host.exited_ok() {
                             let why = match parse_result(&host, &key) {
                                 Ok(_) => format!("host {}", host.describe()),
@@ -121,7 +121,7 @@ pub(crate) fn advance(
                     Phase::Validation,
                     started,
                     effect,
-                    |_, d, _| {
+                    |_, d, _, _| {
                         if !record.passed {
                             fail(
                                 d,
@@ -144,7 +144,7 @@ pub(crate) fn advance(
                     Phase::QuotaSpend,
                     started,
                     PhaseEffect::Spend,
-                    |outcome, d, _| {
+                    |outcome, d, _, _| {
                         match outcome {
                             EffectOutcome::Spent(Ok(receipt)) => {
                                 d.spend = Some(SpendRecord {

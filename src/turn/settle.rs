@@ -15,7 +15,6 @@ use super::journal::{JournalData, WritebackRecord};
 use super::result::HostStatus;
 use super::{Phase, TurnResultKind};
 use crate::error::Result;
-use crate::ids::new_ulid;
 use crate::kernel::Kernel;
 use crate::kernel::transition::ProposalSource;
 use crate::kernel::turn_journal::{EffectOutcome, LeaseHeld, LeaseOutcome, PhaseEffect};
@@ -80,7 +79,7 @@ pub(crate) fn writeback(
         Phase::DurableWriteback,
         started,
         effect,
-        |outcome, d, now| {
+        |outcome, d, now, run_ids| {
             let mut wb = WritebackRecord {
                 capability: d.capability.clone(),
                 proposals: proposals.clone(),
@@ -143,7 +142,7 @@ pub(crate) fn writeback(
                 d.kind = Some(k);
                 k
             };
-            let run = make_run(&rec_snapshot, d, kind, now);
+            let run = make_run(&rec_snapshot, d, kind, now, run_ids.next()?);
             d.run_id = Some(run.id.clone());
             run_written = Some(run.clone());
             Ok(Some(run))
@@ -173,7 +172,7 @@ pub(crate) fn closeout(
         Phase::TerminalCloseout,
         started,
         PhaseEffect::Release(LeaseHeld::Fence(data.claim.fence)),
-        |outcome, d, now| {
+        |outcome, d, now, run_ids| {
             let EffectOutcome::Lease(lease) = outcome else {
                 return Err(unexpected(Phase::TerminalCloseout, &outcome));
             };
@@ -207,7 +206,7 @@ pub(crate) fn closeout(
                 return Ok(None);
             }
             let kind = d.kind.expect("set above");
-            let run = make_run(&snapshot, d, kind, now);
+            let run = make_run(&snapshot, d, kind, now, run_ids.next()?);
             d.run_id = Some(run.id.clone());
             run_written = Some(run.clone());
             Ok(Some(run))
@@ -226,7 +225,13 @@ pub(crate) fn closeout(
     Ok(())
 }
 
-fn make_run(rec: &TurnRecord, data: &JournalData, kind: TurnResultKind, now: i64) -> Run {
+fn make_run(
+    rec: &TurnRecord,
+    data: &JournalData,
+    kind: TurnResultKind,
+    now: i64,
+    id: String,
+) -> Run {
     let summary = match (&data.failure, &data.result) {
         (Some(f), _) => format!("{kind}: {f}"),
         (None, Some(r)) if !r.summary.trim().is_empty() => r.summary.clone(),
@@ -234,7 +239,7 @@ fn make_run(rec: &TurnRecord, data: &JournalData, kind: TurnResultKind, now: i64
     };
     let summary: String = summary.chars().take(4000).collect();
     Run {
-        id: new_ulid(),
+        id,
         goal_id: rec.goal_id.clone(),
         agent_id: Some(rec.agent_id.clone()),
         todo_id: rec.todo_id.clone(),

@@ -1159,3 +1159,34 @@ fn a_closed_goal_takes_no_new_or_reopened_work() {
     assert_eq!(status(&open), Some("completed".into()));
     assert_eq!(status(&other), Some("archived".into()));
 }
+
+/// Run ids follow the order of commits, not the clock's: after the clock is set back (here by an
+/// hour), the next tick's run is still the newest in history and `spend-slot` charges it,
+/// instead of finding the earlier, future-dated run again and replaying its spend.
+#[test]
+fn a_clock_set_back_neither_reorders_history_nor_replays_a_spend() {
+    let p = Project::new();
+    let goal = p.goal("g");
+    let clock = p.state().join("test-clock-offset-ms");
+    let tick = |summary: &str| {
+        let run = p.json(&["refresh-state", "--goal-id", &goal, "--summary", summary]);
+        let spend = p.json(&["quota", "spend-slot", "--goal-id", &goal]);
+        (run["run_id"].as_str().unwrap().to_string(), spend)
+    };
+    std::fs::write(&clock, "3600000").unwrap();
+    let (ahead, first) = tick("tick 1");
+    assert_eq!(first["appended"], true, "{first}");
+    std::fs::remove_file(&clock).unwrap();
+    let (corrected, second) = tick("tick 2");
+    assert!(corrected > ahead, "{corrected} sorts after {ahead}");
+    assert_eq!(second["appended"], true, "{second}");
+    assert_eq!(second["idempotent_replay"], false, "{second}");
+    assert_eq!(second["after"]["spent_slots"], 2, "{second}");
+    let history = p.json(&["history", "--goal-id", &goal, "--limit", "1"]);
+    assert_eq!(
+        history["runs"][0]["run_id"],
+        corrected.as_str(),
+        "{history}"
+    );
+    assert_eq!(history["runs"][0]["summary"], "tick 2", "{history}");
+}

@@ -560,6 +560,7 @@ pub(crate) fn history_pages_newest_first_without_duplicates(open: Factory<'_>) {
     // Ids sort in creation order (ULIDs do); several runs share a timestamp.
     let ids: Vec<String> = (0..7).map(|i| format!("01RUN{i:04}")).collect();
     write(&mut *store, |tx| {
+        assert_eq!(tx.newest_run_id().unwrap(), None);
         tx.insert_goal(&goal("g")).unwrap();
         tx.insert_goal(&goal("other")).unwrap();
         for (i, id) in ids.iter().enumerate() {
@@ -588,6 +589,11 @@ pub(crate) fn history_pages_newest_first_without_duplicates(open: Factory<'_>) {
             created_at: 100,
         })
         .unwrap();
+    });
+    // The newest id is the greatest stored in any goal, and the next run's id sorts after it
+    // even when the clock says otherwise.
+    write(&mut *store, |tx| {
+        assert_eq!(tx.newest_run_id().unwrap().as_deref(), Some("01RUN9999"));
     });
     let mut seen: Vec<String> = Vec::new();
     let mut before: Option<String> = None;

@@ -319,6 +319,9 @@ pub trait StoreTx: StoreRead + MonitorTx + GoalProbeTx {
     fn insert_evidence(&self, evidence: &Evidence) -> Result<i64>;
 
     // Run log (layer 3) and history with reward overlays (layer 4).
+    /// The greatest run id stored, in any goal: a new run's id must sort after it
+    /// ([`crate::kernel::run::RunIds`]).
+    fn newest_run_id(&self) -> Result<Option<String>>;
     fn insert_run(&self, run: &Run) -> Result<()>;
     fn insert_reward(&self, reward: &Reward) -> Result<i64>;
 

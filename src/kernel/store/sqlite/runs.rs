@@ -47,6 +47,16 @@ impl Db<'_> {
         )
     }
 
+    pub(super) fn newest_run_id(&self) -> Result<Option<String>> {
+        // The last entry of the primary key's index.
+        self.query_one(
+            "SELECT MAX(id) FROM runs",
+            [],
+            |r| r.get(0),
+            "finding the newest run id",
+        )
+    }
+
     pub(super) fn insert_run(&self, run: &Run) -> Result<()> {
         self.conn
             .prepare_cached(&format!(

@@ -426,6 +426,10 @@ impl StoreTx for SqliteTx<'_, Write> {
         self.db.insert_evidence(e)
     }
 
+    fn newest_run_id(&self) -> Result<Option<String>> {
+        self.db.newest_run_id()
+    }
+
     fn insert_run(&self, run: &Run) -> Result<()> {
         self.db.insert_run(run)
     }
