@@ -414,9 +414,17 @@ impl Kernel {
             let archived = self.write_goal_archives_before(&g.id, since);
             self.after_commit("writing the goal's monthly archive", archived);
         }
-        let (_, after) = self.store.vacuum()?;
+        // Giving the space back is the last step. Once the removals above committed, its
+        // failure (a full disk: VACUUM needs room for a copy) cannot undo them, so it is a
+        // warning and the command succeeds; the next `gc` vacuums again.
+        match self.store.vacuum() {
+            Ok((_, after)) => report.database_bytes_after = Some(after),
+            Err(e) if self.has_committed() => {
+                self.after_commit("giving the removed data's space back (VACUUM)", Err(e));
+            }
+            Err(e) => return Err(e),
+        }
         report.applied = true;
-        report.database_bytes_after = Some(after);
         Ok(report)
     }
 
