@@ -18,6 +18,13 @@
 //! apart and doubling up to 50 ms, for [`SETTLE`] (longer than any fsync the commit waits for),
 //! then sleeps on the descriptor again. Other systems have no inotify here; there the watcher
 //! reads the counter every 50 ms, which costs one shared-memory read per poll.
+//!
+//! The database an operator restores is another file put at the same path, and `.loopx/` may be
+//! moved aside and brought back: the watcher's open store would then keep reading the old file
+//! and its directory watch would be gone, so a page would stop updating while it said it was
+//! live. Each check therefore compares the file at the path with the one the store has open (one
+//! `stat`) and reopens both when they differ, which reports a change; while `.loopx/` is gone it
+//! looks for it every [`MISSING_POLL`].
 
 use std::time::{Duration, Instant};
 
@@ -31,14 +38,29 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// there is no inotify).
 const FIRST_RECHECK: Duration = Duration::from_millis(2);
 const MAX_RECHECK: Duration = Duration::from_millis(50);
+/// How often the watcher looks for the project's state directory or database while either is
+/// missing (no directory to watch).
+const MISSING_POLL: Duration = Duration::from_millis(250);
+
+/// Which file a path names (device and inode): a file renamed into place is another file.
+type FileIdentity = (u64, u64);
+
+fn file_identity(path: &std::path::Path) -> Option<FileIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
 
 /// Wakes when another process (or another handle in this one) commits to the project's store.
 pub struct ChangeWatcher {
+    paths: ProjectPaths,
     store: Box<dyn Store>,
+    /// The database file `store` has open, as it was found at the path before opening it.
+    opened: Option<FileIdentity>,
     version: i64,
     position: i64,
+    /// `None` once the watched directory is gone (removed or moved aside).
     #[cfg(target_os = "linux")]
-    events: inotify::Events,
+    events: Option<inotify::Events>,
 }
 
 impl ChangeWatcher {
@@ -48,12 +70,17 @@ impl ChangeWatcher {
         // The descriptor exists before the counter's first reading, so a commit between the two
         // is seen either by the reading or as an event.
         #[cfg(target_os = "linux")]
-        let events = inotify::Events::watch(&paths.state)?;
+        let events = Some(inotify::Events::watch(&paths.state)?);
+        // Taken before opening: a file renamed into place in between is then seen as a
+        // replacement and opened again, never missed.
+        let opened = file_identity(&paths.db());
         let store = crate::kernel::store::open(Backend::default(), &paths.db())?;
         let version = store.data_version()?;
         let position = store.op_log_position()?;
         Ok(ChangeWatcher {
+            paths: paths.clone(),
             store,
+            opened,
             version,
             position,
             #[cfg(target_os = "linux")]
@@ -92,6 +119,9 @@ impl ChangeWatcher {
 
     /// Whether a commit happened since the last check (and remembers where the store is now).
     fn committed(&mut self) -> Result<bool> {
+        if file_identity(&self.paths.db()) != self.opened {
+            return Ok(self.reopen());
+        }
         let version = self.store.data_version()?;
         if version == self.version {
             return Ok(false);
@@ -103,10 +133,49 @@ impl ChangeWatcher {
         Ok(moved)
     }
 
-    /// Sleeps until a file event on the database or its WAL (true) or `block` passes (false).
+    /// Opens the database now at the path, and watches the directory now at the path, in place
+    /// of the ones that were replaced; true (a change: the project's state is another file's)
+    /// once both are open. While either is missing or cannot be opened yet (a restore half
+    /// done), the old ones are kept and the next check tries again.
+    fn reopen(&mut self) -> bool {
+        let db = self.paths.db();
+        let Some(identity) = file_identity(&db) else {
+            return false;
+        };
+        #[cfg(target_os = "linux")]
+        let Ok(events) = inotify::Events::watch(&self.paths.state) else {
+            return false;
+        };
+        let Ok(store) = crate::kernel::store::open(Backend::default(), &db) else {
+            return false;
+        };
+        let (Ok(version), Ok(position)) = (store.data_version(), store.op_log_position()) else {
+            return false;
+        };
+        self.store = store;
+        self.opened = Some(identity);
+        self.version = version;
+        self.position = position;
+        #[cfg(target_os = "linux")]
+        {
+            self.events = Some(events);
+        }
+        true
+    }
+
+    /// Sleeps until a file event on the database or its WAL (true) or `block` passes (false);
+    /// while the watched directory is gone, for at most [`MISSING_POLL`].
     #[cfg(target_os = "linux")]
     fn sleep(&mut self, block: Option<Duration>) -> Result<bool> {
-        self.events.next(block)
+        let Some(events) = &mut self.events else {
+            std::thread::sleep(block.map_or(MISSING_POLL, |b| b.min(MISSING_POLL)));
+            return Ok(false);
+        };
+        let woke = events.next(block)?;
+        if events.lost() {
+            self.events = None;
+        }
+        Ok(woke)
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -131,6 +200,8 @@ mod inotify {
     pub(super) struct Events {
         fd: OwnedFd,
         dir: std::path::PathBuf,
+        /// The directory was removed or moved away: no event will come from it again.
+        lost: bool,
     }
 
     impl Events {
@@ -157,8 +228,13 @@ mod inotify {
                 ))
             })?;
             // A commit writes the WAL (IN_MODIFY); a WAL created anew, or a database swapped in
-            // by a restore, arrives as IN_CREATE / IN_MOVED_TO.
-            let mask = libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO;
+            // by a restore, arrives as IN_CREATE / IN_MOVED_TO; the directory itself going away
+            // as IN_DELETE_SELF / IN_MOVE_SELF (then IN_IGNORED).
+            let mask = libc::IN_MODIFY
+                | libc::IN_CREATE
+                | libc::IN_MOVED_TO
+                | libc::IN_DELETE_SELF
+                | libc::IN_MOVE_SELF;
             // SAFETY: `fd` is a live inotify descriptor and `c_dir` a NUL-terminated path.
             let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c_dir.as_ptr(), mask) };
             if wd < 0 {
@@ -167,7 +243,13 @@ mod inotify {
             Ok(Events {
                 fd,
                 dir: dir.to_path_buf(),
+                lost: false,
             })
+        }
+
+        /// Whether the watched directory went away (see the field).
+        pub(super) fn lost(&self) -> bool {
+            self.lost
         }
 
         /// Waits up to `block` (`None`: without limit) for events; true when one of them names
@@ -240,15 +322,19 @@ mod inotify {
                 // SAFETY: the kernel wrote `n` initialized bytes at the start of `buf`.
                 let bytes =
                     unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n as usize) };
-                relevant |= names_database(bytes);
+                let (database, lost) = read_events(bytes);
+                relevant |= database || lost;
+                self.lost |= lost;
             }
         }
     }
 
-    /// Whether a buffer of `inotify_event` records names the database or its WAL.
-    fn names_database(mut bytes: &[u8]) -> bool {
+    /// Whether a buffer of `inotify_event` records names the database or its WAL, and whether
+    /// it says the watched directory went away.
+    fn read_events(mut bytes: &[u8]) -> (bool, bool) {
         let header = std::mem::size_of::<libc::inotify_event>();
         let mut relevant = false;
+        let mut lost = false;
         while bytes.len() >= header {
             // SAFETY: `header` bytes are available; read_unaligned copies them without assuming
             // the slice's alignment.
@@ -261,9 +347,12 @@ mod inotify {
             if event.mask & libc::IN_Q_OVERFLOW != 0 || is_database_file(name) {
                 relevant = true;
             }
+            if event.mask & (libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_IGNORED) != 0 {
+                lost = true;
+            }
             bytes = &bytes[end..];
         }
-        relevant
+        (relevant, lost)
     }
 
     pub(super) fn is_database_file(name: &[u8]) -> bool {
@@ -332,6 +421,65 @@ mod tests {
         let reader = Kernel::open(paths).unwrap();
         reader.goals().unwrap();
         assert!(!watcher.wait(Some(Duration::from_millis(300))).unwrap());
+    }
+
+    /// A restore: a copy with one more goal renamed over the database (its WAL and index gone,
+    /// as a restore leaves them). The watcher reports it, and then watches the new file.
+    #[test]
+    fn a_database_put_in_place_of_the_watched_one_is_a_change_and_is_watched_from_then_on() {
+        let (dir, mut kernel) = test_project::with_goal_g();
+        let paths = crate::paths::ProjectPaths::at(dir.path());
+        let mut watcher = ChangeWatcher::new(&paths).unwrap();
+        let copy = dir.path().join("restored.db");
+        crate::kernel::doctor::backup_database(&paths, &copy).unwrap();
+        {
+            let mut restored = Kernel::from_store(
+                paths.clone(),
+                crate::kernel::store::open(crate::kernel::store::Backend::default(), &copy)
+                    .unwrap(),
+            );
+            new_goal(&mut restored, "restored");
+        }
+        // The copy's commit moved into the file itself, as a backup is.
+        rusqlite::Connection::open(&copy)
+            .unwrap()
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        drop(kernel);
+        for suffix in ["-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", paths.db().display()));
+            let _ = std::fs::remove_file(format!("{}{suffix}", copy.display()));
+        }
+        std::fs::rename(&copy, paths.db()).unwrap();
+        assert!(watcher.wait(Some(Duration::from_secs(20))).unwrap());
+        kernel = Kernel::open(paths.clone()).unwrap();
+        assert!(kernel.goals().unwrap().iter().any(|g| g.id == "restored"));
+        new_goal(&mut kernel, "after");
+        assert!(watcher.wait(Some(Duration::from_secs(20))).unwrap());
+    }
+
+    /// `.loopx/` moved aside and a copy put back: the old directory's watch is gone, so the
+    /// watcher finds the new directory by looking for it, reports the change and watches it.
+    #[test]
+    fn a_state_directory_moved_away_and_brought_back_is_watched_again() {
+        let (dir, kernel) = test_project::with_goal_g();
+        drop(kernel);
+        let paths = crate::paths::ProjectPaths::at(dir.path());
+        let mut watcher = ChangeWatcher::new(&paths).unwrap();
+        let aside = dir.path().join("state-aside");
+        std::fs::rename(&paths.state, &aside).unwrap();
+        assert!(!watcher.wait(Some(Duration::from_millis(600))).unwrap());
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&aside)
+            .arg(&paths.state)
+            .status()
+            .unwrap();
+        assert!(copied.success());
+        assert!(watcher.wait(Some(Duration::from_secs(20))).unwrap());
+        let mut kernel = Kernel::open(paths).unwrap();
+        new_goal(&mut kernel, "after");
+        assert!(watcher.wait(Some(Duration::from_secs(20))).unwrap());
     }
 
     #[test]
