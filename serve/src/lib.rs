@@ -69,6 +69,10 @@ pub enum ConfigError {
     TokenRequired(SocketAddr),
     /// An empty token (or token file).
     EmptyToken,
+    /// A token with a character that cannot travel in an `Authorization` header and a cookie as
+    /// it is (a space, a quote, `,`, `;`, `\\`, a control or non-ASCII character): accepted, it
+    /// could never be presented.
+    UnusableToken,
 }
 
 impl std::fmt::Display for ConfigError {
@@ -85,14 +89,25 @@ impl std::fmt::Display for ConfigError {
                 "the token is empty; put a long random token in the file (for example `openssl \
                  rand -hex 32 > token`) or pass a non-empty --token"
             ),
+            ConfigError::UnusableToken => write!(
+                f,
+                "the token has a character a browser cannot send back as it is (a space, a \
+                 quote, a comma, a semicolon, a backslash, or one outside printable ASCII); use \
+                 letters, digits and punctuation only (for example `openssl rand -hex 32 > token`)"
+            ),
         }
     }
 }
 
 /// Checks that `listen` may be served with `token`.
 pub fn check_config(listen: SocketAddr, token: Option<&str>) -> Result<(), ConfigError> {
+    let presentable = |t: &str| {
+        t.bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'"' | b',' | b';' | b'\\'))
+    };
     match token {
-        Some("") => Err(ConfigError::EmptyToken),
+        Some(t) if t.trim().is_empty() => Err(ConfigError::EmptyToken),
+        Some(t) if !presentable(t) => Err(ConfigError::UnusableToken),
         None if !listen.ip().is_loopback() => Err(ConfigError::TokenRequired(listen)),
         _ => Ok(()),
     }

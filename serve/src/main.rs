@@ -76,8 +76,8 @@ fn serve(args: Args) -> loopx::Result<()> {
             std::io::ErrorKind::NotFound => not_found(message),
             std::io::ErrorKind::InvalidData => bad_input(message),
             _ => LoopxError::Io {
+                context: format!("reading the token file {}", path.display()),
                 path,
-                context: "reading the token file".to_string(),
                 source: e,
             },
         }

@@ -610,7 +610,28 @@ fn a_non_loopback_address_needs_a_token_and_a_token_is_never_empty() {
         Err(ConfigError::TokenRequired(lan))
     );
     assert_eq!(check_config(lan, Some("")), Err(ConfigError::EmptyToken));
+    assert_eq!(check_config(lan, Some(" \t")), Err(ConfigError::EmptyToken));
     assert_eq!(check_config(lan, Some("t")), Ok(()));
+    // A token a browser or client could never present as it is is refused at start.
+    for unusable in [
+        " abc ",
+        "a;b",
+        "a,b",
+        "a\"b",
+        "a\\b",
+        "pässwort",
+        "a\u{7f}b",
+    ] {
+        assert_eq!(
+            check_config(lan, Some(unusable)),
+            Err(ConfigError::UnusableToken),
+            "{unusable:?}"
+        );
+    }
+    assert_eq!(
+        check_config(lan, Some("Az09-._~!$%&'()*+/:<=>?@[]^`{|}")),
+        Ok(())
+    );
     assert_eq!(check_config("127.0.0.1:0".parse().unwrap(), None), Ok(()));
     assert_eq!(check_config("[::1]:0".parse().unwrap(), None), Ok(()));
 }

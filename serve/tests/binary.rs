@@ -98,6 +98,26 @@ fn a_non_loopback_address_without_a_token_is_refused_with_exit_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no line break"));
+    // A token file the machine will not read (here a directory) is an I/O failure naming it.
+    let out = Command::new(server_bin())
+        .arg("--root")
+        .arg(dir.path())
+        .args(["--listen", "0.0.0.0:0", "--token-file"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(6));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&dir.path().display().to_string()), "{err}");
+    // A token that could never be presented is refused.
+    let out = Command::new(server_bin())
+        .arg("--root")
+        .arg(dir.path())
+        .args(["--listen", "0.0.0.0:0", "--token", "a;b"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot send back"));
     let out = Command::new(server_bin())
         .arg("--root")
         .arg(dir.path())
