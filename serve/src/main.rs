@@ -84,8 +84,9 @@ fn serve(args: Args) -> loopx::Result<()> {
     })?;
     check_config(listen, token.as_deref()).map_err(|e| bad_input(e.to_string()))?;
     let paths = ProjectPaths::discover(args.root.as_deref(), loopx::paths::working_directory)?;
-    // Opening the project once up front reports a damaged or missing one before listening.
-    loopx::kernel::Kernel::open(paths.clone())?;
+    // Opening the project once up front reports a damaged or missing one before listening, and
+    // one whose schema is older than this build reads (`loopx serve` upgrades it first).
+    loopx::kernel::Kernel::open_with(paths.clone(), loopx::kernel::SchemaUpgrade::Refuse)?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -410,6 +410,43 @@ async fn serving_every_route_changes_neither_the_database_file_nor_any_table() {
     assert_eq!(before.2, after.2, "a table's rows changed");
 }
 
+/// A database whose schema is older than the server reads (a project last used by an older
+/// `loopx`, or one restored under the running server) is not upgraded by a read: every route
+/// answers 409 naming the fix, and the file stays as it was, version included.
+#[tokio::test]
+async fn a_schema_older_than_the_server_reads_is_refused_not_upgraded() {
+    let (_dir, paths, runs) = seed();
+    let db = paths.db();
+    let version = |c: &rusqlite::Connection| -> i64 {
+        c.query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap()
+    };
+    let older = {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        let older = version(&c) - 1;
+        c.pragma_update(None, "user_version", older).unwrap();
+        c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        older
+    };
+    let before = file_hash(&db);
+    let app = app(&paths, LISTEN, None);
+    for (uri, _) in json_routes(&runs) {
+        let (status, _, body) = send(&app, get(&uri)).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{uri}: {body}");
+        let envelope: Value = serde_json::from_str(&body).unwrap();
+        let message = envelope["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("schema version {older}")),
+            "{message}"
+        );
+        assert!(message.contains("loopx goal list"), "{message}");
+    }
+    assert_eq!(file_hash(&db), before, "the database file changed");
+    let c = rusqlite::Connection::open(&db).unwrap();
+    assert_eq!(version(&c), older, "the schema was upgraded by a read");
+}
+
 #[tokio::test]
 async fn no_write_method_is_routed() {
     let (_dir, paths, runs) = seed();

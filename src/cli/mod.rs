@@ -196,6 +196,8 @@ pub struct Context {
     /// A request on a turn's agent channel: every command acts as this agent with this lease,
     /// whatever its flags say.
     turn: Option<TurnIdentity>,
+    /// Whether opening the project may migrate its schema: refused for the dashboard's reads.
+    schema_upgrade: crate::kernel::SchemaUpgrade,
     kernel: OnceCell<RefCell<Kernel>>,
 }
 
@@ -223,6 +225,7 @@ impl Context {
             env_agent_id: identity_var("LOOPX_AGENT_ID")?,
             env_claim_key: identity_var("LOOPX_CLAIM_KEY")?,
             turn: None,
+            schema_upgrade: crate::kernel::SchemaUpgrade::Apply,
             kernel: OnceCell::new(),
         })
     }
@@ -238,8 +241,16 @@ impl Context {
             env_agent_id: Some(identity.agent_id.clone()),
             env_claim_key: Some(identity.claim_key.clone()),
             turn: Some(identity.clone()),
+            schema_upgrade: crate::kernel::SchemaUpgrade::Apply,
             kernel: OnceCell::new(),
         }
+    }
+
+    /// This context opens the project without ever migrating its schema (an older one is
+    /// refused): for the dashboard's API, which must never write.
+    pub fn without_schema_upgrade(mut self) -> Context {
+        self.schema_upgrade = crate::kernel::SchemaUpgrade::Refuse;
+        self
     }
 
     /// Whether this context serves a request on a turn's agent channel.
@@ -298,7 +309,7 @@ impl Context {
         let kernel = match self.kernel.get() {
             Some(kernel) => kernel,
             None => {
-                let opened = Kernel::open(self.paths()?)?;
+                let opened = Kernel::open_with(self.paths()?, self.schema_upgrade)?;
                 self.kernel.get_or_init(|| RefCell::new(opened))
             }
         };

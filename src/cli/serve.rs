@@ -39,6 +39,9 @@ pub struct ServeArgs {
 pub fn run(ctx: &Context, args: ServeArgs) -> Result<Output> {
     use std::os::unix::process::CommandExt;
     let paths = ctx.paths()?;
+    // Opened as by every command: a damaged project is reported here, and an older schema is
+    // brought up to date, which the server itself never does (it only reads).
+    ctx.kernel()?;
     let exe = std::env::current_exe()
         .map_err(|e| LoopxError::internal("locating the loopx binary", e))?;
     let server = exe.with_file_name(SERVE_BINARY);
@@ -89,7 +92,8 @@ pub fn api_read(paths: &ProjectPaths, args: &[String]) -> Result<String> {
             args.first().map(String::as_str).unwrap_or_default()
         )));
     }
-    let ctx = Context::from_env(Some(paths.project.clone()), Verbosity::Quiet, Format::Json)?;
+    let ctx = Context::from_env(Some(paths.project.clone()), Verbosity::Quiet, Format::Json)?
+        .without_schema_upgrade();
     let output = super::dispatch(&ctx, cli.command, super::run_wasm_command)?;
     Ok(output.render(Format::Json))
 }
@@ -99,7 +103,8 @@ pub fn api_read(paths: &ProjectPaths, args: &[String]) -> Result<String> {
 /// CLI command shows a single run; this is the one API answer built here, from the same
 /// builders.
 pub fn run_report(paths: &ProjectPaths, goal_id: &str, run_id: &str) -> Result<String> {
-    let kernel = crate::kernel::Kernel::open(paths.clone())?;
+    let kernel =
+        crate::kernel::Kernel::open_with(paths.clone(), crate::kernel::SchemaUpgrade::Refuse)?;
     let detail = kernel.run_detail(goal_id, run_id)?.ok_or_else(|| {
         crate::error::not_found(format!(
             "unknown run '{run_id}' in goal '{goal_id}'; `loopx history --goal-id {goal_id}` \

@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::now_ms;
 use crate::error::{LoopxError, Message, NextAction, Part, Result, msg, refused};
 use crate::ids::new_ulid;
+pub use crate::kernel::store::SchemaUpgrade;
 use crate::kernel::store::{Backend, CommitSeq, OpRecord, Store, StoreRead, StoreTx};
 use crate::paths::ProjectPaths;
 
@@ -197,10 +198,16 @@ impl Kernel {
     /// Opens an existing project and checks the registry projection is intact (a damaged
     /// projection is reported, never silently replaced).
     pub fn open(paths: ProjectPaths) -> Result<Kernel> {
+        Kernel::open_with(paths, SchemaUpgrade::Apply)
+    }
+
+    /// [`Kernel::open`], with `upgrade` saying whether a schema older than this build's is
+    /// migrated (every command) or refused (a process that must never write: the dashboard).
+    pub fn open_with(paths: ProjectPaths, upgrade: SchemaUpgrade) -> Result<Kernel> {
         projection::check_json_projection(&paths.registry())?;
         // Test builds only (`test-hooks`): the test clock's offset from inside `.loopx/`.
         crate::clock::test_clock::load(&paths.state);
-        let store = crate::kernel::store::open(Backend::default(), &paths.db())?;
+        let store = crate::kernel::store::open_with(Backend::default(), &paths.db(), upgrade)?;
         Ok(Kernel {
             paths,
             store,

@@ -29,7 +29,7 @@
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
-use crate::kernel::store::{Backend, Store};
+use crate::kernel::store::{Backend, SchemaUpgrade, Store};
 use crate::paths::ProjectPaths;
 
 /// How long after a file event the watcher keeps re-reading the change counter.
@@ -41,6 +41,12 @@ const MAX_RECHECK: Duration = Duration::from_millis(50);
 /// How often the watcher looks for the project's state directory or database while either is
 /// missing (no directory to watch).
 const MISSING_POLL: Duration = Duration::from_millis(250);
+
+/// The watcher's own store: it only reads, so it never migrates a schema (the command or server
+/// that watches has opened the project already).
+fn open_store(db: &std::path::Path) -> Result<Box<dyn Store>> {
+    crate::kernel::store::open_with(Backend::default(), db, SchemaUpgrade::Refuse)
+}
 
 /// Which file a path names (device and inode): a file renamed into place is another file.
 type FileIdentity = (u64, u64);
@@ -74,7 +80,7 @@ impl ChangeWatcher {
         // Taken before opening: a file renamed into place in between is then seen as a
         // replacement and opened again, never missed.
         let opened = file_identity(&paths.db());
-        let store = crate::kernel::store::open(Backend::default(), &paths.db())?;
+        let store = open_store(&paths.db())?;
         let version = store.data_version()?;
         let position = store.op_log_position()?;
         Ok(ChangeWatcher {
@@ -146,7 +152,7 @@ impl ChangeWatcher {
         let Ok(events) = inotify::Events::watch(&self.paths.state) else {
             return false;
         };
-        let Ok(store) = crate::kernel::store::open(Backend::default(), &db) else {
+        let Ok(store) = open_store(&db) else {
             return false;
         };
         let (Ok(version), Ok(position)) = (store.data_version(), store.op_log_position()) else {

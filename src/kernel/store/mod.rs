@@ -139,10 +139,27 @@ pub fn create(backend: Backend, db: &Path) -> Result<Box<dyn Store>> {
     }
 }
 
-/// Opens the existing database of a project at `db` with `backend`. Never creates one.
+/// Whether opening a store may bring its schema up to date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaUpgrade {
+    /// Apply the migrations a schema older than this build's needs (what every command does).
+    Apply,
+    /// Write nothing: a schema older than this build's is refused (`Conflict`). For processes
+    /// that only ever read, the dashboard's server above all.
+    Refuse,
+}
+
+/// Opens the existing database of a project at `db` with `backend`, bringing its schema up to
+/// date. Never creates one.
 pub fn open(backend: Backend, db: &Path) -> Result<Box<dyn Store>> {
+    open_with(backend, db, SchemaUpgrade::Apply)
+}
+
+/// Opens the existing database of a project at `db` with `backend`; `upgrade` says whether an
+/// older schema is migrated or refused. Never creates one.
+pub fn open_with(backend: Backend, db: &Path, upgrade: SchemaUpgrade) -> Result<Box<dyn Store>> {
     match backend {
-        Backend::Sqlite => Ok(Box::new(sqlite::SqliteStore::open(db)?)),
+        Backend::Sqlite => Ok(Box::new(sqlite::SqliteStore::open(db, upgrade)?)),
     }
 }
 

@@ -29,7 +29,7 @@ impl SqliteStore {
         remove_database_files(&tmp);
         result?;
         sync_directory(path.parent().unwrap_or(Path::new("")))?;
-        let store = Self::open_read_write(path)?;
+        let store = Self::open_read_write(path, SchemaUpgrade::Apply)?;
         store.sync_directory()?;
         Ok(store)
     }
@@ -70,7 +70,7 @@ impl SqliteStore {
     /// empty or missing WAL is opened `immutable` (nothing else can be writing a read-only file);
     /// one whose WAL holds frames cannot be read correctly without its index and is reported as
     /// an I/O failure (exit 6), never as damage.
-    pub fn open(path: &Path) -> Result<SqliteStore> {
+    pub fn open(path: &Path, upgrade: SchemaUpgrade) -> Result<SqliteStore> {
         let len = match std::fs::metadata(path) {
             Ok(meta) if meta.is_file() => meta.len(),
             Ok(_) => {
@@ -109,7 +109,7 @@ impl SqliteStore {
         }
         let wal = wal_path(path);
         let wal_len = super::wal_header::checked_wal_len(&wal)?;
-        match Self::open_read_write(path) {
+        match Self::open_read_write(path, upgrade) {
             Ok(store) => {
                 if wal_len.is_none() {
                     // Only a new WAL needs its directory entry made durable, and only a store
@@ -139,7 +139,7 @@ impl SqliteStore {
         }
     }
 
-    pub(super) fn open_read_write(path: &Path) -> Result<SqliteStore> {
+    pub(super) fn open_read_write(path: &Path, upgrade: SchemaUpgrade) -> Result<SqliteStore> {
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -150,7 +150,10 @@ impl SqliteStore {
             path: path.to_path_buf(),
         };
         store.configure()?;
-        store.migrate()?;
+        match upgrade {
+            SchemaUpgrade::Apply => store.migrate()?,
+            SchemaUpgrade::Refuse => store.require_current_schema()?,
+        }
         Ok(store)
     }
 
@@ -246,17 +249,7 @@ impl SqliteStore {
     /// common case) costs one read and takes no write lock.
     pub(super) fn migrate(&mut self) -> Result<()> {
         let path = self.path.clone();
-        let current = self.current_version()?;
-        let latest = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
-        if current > latest {
-            return Err(LoopxError::Corrupt {
-                path,
-                detail: format!(
-                    "schema version {current} is newer than this loopx supports ({latest}); upgrade loopx"
-                )
-                .into(),
-            });
-        }
+        let (current, latest) = self.schema_versions()?;
         if current == latest {
             return Ok(());
         }
@@ -276,6 +269,42 @@ impl SqliteStore {
         }
         tx.commit()
             .map_err(|e| map_err(&path, "committing migration", e))
+    }
+
+    /// For a store opened without upgrading: an older schema is refused (it would need a
+    /// write), a newer one is damage as for every open.
+    fn require_current_schema(&self) -> Result<()> {
+        let (current, latest) = self.schema_versions()?;
+        if current < latest {
+            return Err(crate::error::conflict(msg![
+                format!(
+                    "the database {} is at schema version {current}, older than the version \
+                     {latest} this program reads, and this program never writes to bring it up \
+                     to date; run ",
+                    self.path.display()
+                ),
+                NextAction::ListGoals,
+                " in the project once (any loopx command upgrades it), then retry"
+            ]));
+        }
+        Ok(())
+    }
+
+    /// The schema version the database is at and the one this build writes; a database at a
+    /// newer version than this build knows is refused as damage (this build cannot read it).
+    fn schema_versions(&self) -> Result<(i64, i64)> {
+        let current = self.current_version()?;
+        let latest = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+        if current > latest {
+            return Err(LoopxError::Corrupt {
+                path: self.path.clone(),
+                detail: format!(
+                    "schema version {current} is newer than this loopx supports ({latest}); upgrade loopx"
+                )
+                .into(),
+            });
+        }
+        Ok((current, latest))
     }
 
     pub(super) fn current_version(&self) -> Result<i64> {

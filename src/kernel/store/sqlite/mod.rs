@@ -42,8 +42,8 @@ use rusqlite::{
 
 use super::migrations::MIGRATIONS;
 use super::{
-    ArtifactRecord, CommitSeq, OpRecord, ProjectedTodo, ProjectionCache, ProjectionCacheTx, Store,
-    StoreRead, StoreTx, TodoLines, TodoOrder,
+    ArtifactRecord, CommitSeq, OpRecord, ProjectedTodo, ProjectionCache, ProjectionCacheTx,
+    SchemaUpgrade, Store, StoreRead, StoreTx, TodoLines, TodoOrder,
 };
 use crate::error::{LoopxError, NextAction, Result, conflict, msg};
 use crate::model::{

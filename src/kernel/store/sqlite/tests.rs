@@ -221,7 +221,7 @@ fn the_store_connection_has_the_planner_guarantee_and_no_checkpoint_on_close() {
     let created = SqliteStore::create(&path).unwrap();
     check(&created);
     drop(created);
-    check(&SqliteStore::open(&path).unwrap());
+    check(&SqliteStore::open(&path, SchemaUpgrade::Apply).unwrap());
 }
 
 /// A new database at `path` whose one commit (goal `g`) is still in its WAL.
@@ -246,7 +246,7 @@ fn a_store_whose_wal_was_removed_reopens_with_its_data() {
         .unwrap();
     plain.close().unwrap();
     assert!(!wal_path(&path).exists(), "a plain close removes the WAL");
-    let mut store = SqliteStore::open(&path).unwrap();
+    let mut store = SqliteStore::open(&path, SchemaUpgrade::Apply).unwrap();
     assert!(wal_path(&path).exists());
     let tx = store.begin_write().unwrap();
     assert_eq!(tx.goal("g").unwrap().map(|g| g.title), Some("G".into()));
@@ -277,7 +277,9 @@ fn a_wal_with_a_damaged_header_is_reported_and_left_alone() {
         damage(&mut damaged);
         std::fs::write(&path, &db_bytes).unwrap();
         std::fs::write(&wal, &damaged).unwrap();
-        let err = SqliteStore::open(&path).map(|_| ()).unwrap_err();
+        let err = SqliteStore::open(&path, SchemaUpgrade::Apply)
+            .map(|_| ())
+            .unwrap_err();
         assert!(
             matches!(&err, LoopxError::Corrupt { path: p, .. } if *p == wal),
             "{what}: {err}"
@@ -299,7 +301,7 @@ fn a_wal_with_a_damaged_header_is_reported_and_left_alone() {
     }
     // The same log undamaged opens, with the commit it holds.
     std::fs::write(&wal, &wal_bytes).unwrap();
-    let store = SqliteStore::open(&path).unwrap();
+    let store = SqliteStore::open(&path, SchemaUpgrade::Apply).unwrap();
     let tx = store.begin_read().unwrap();
     assert_eq!(tx.goal("g").unwrap().map(|g| g.title), Some("G".into()));
 }
@@ -315,7 +317,7 @@ fn the_wal_starts_over_in_place_across_fresh_connections() {
     let bound = (WAL_CHECKPOINT_FRAMES as u64 + 16) * (32 + 24 + 4096);
     let mut longest = 0;
     for i in 0..300 {
-        let mut store = SqliteStore::open(&path).unwrap();
+        let mut store = SqliteStore::open(&path, SchemaUpgrade::Apply).unwrap();
         let tx = store.begin_write().unwrap();
         tx.insert_goal(&Goal {
             id: format!("g{i}"),
@@ -335,7 +337,7 @@ fn the_wal_starts_over_in_place_across_fresh_connections() {
         longest = len;
     }
     assert!(longest > bound / 2, "the WAL never filled: {longest} bytes");
-    let store = SqliteStore::open(&path).unwrap();
+    let store = SqliteStore::open(&path, SchemaUpgrade::Apply).unwrap();
     assert!(store.integrity_check().unwrap().is_empty());
     let tx = store.begin_read().unwrap();
     assert_eq!(tx.goals().unwrap().len(), 300);
@@ -708,7 +710,7 @@ fn migration_16_keeps_every_field_of_monitors_probes_the_policy_and_the_counter(
         )
         .unwrap();
     }
-    let store = SqliteStore::open(&path).unwrap();
+    let store = SqliteStore::open(&path, SchemaUpgrade::Apply).unwrap();
     assert_eq!(store.current_version().unwrap(), 16);
     assert!(store.integrity_check().unwrap().is_empty());
     let tx = store.begin_read().unwrap();
@@ -827,7 +829,7 @@ fn migration_16_refuses_a_monitor_probe_that_is_not_json() {
         )
         .unwrap();
     }
-    let err = SqliteStore::open(&path)
+    let err = SqliteStore::open(&path, SchemaUpgrade::Apply)
         .err()
         .expect("the migration must fail");
     assert!(err.to_string().contains("migration 16"), "{err}");
