@@ -465,10 +465,11 @@ impl Kernel {
     /// [`write_run_report`]: Kernel::write_run_report
     pub(crate) fn restore_run_report(&self, run: &Run) -> Result<bool> {
         let month = crate::clock::month_label(run.created_at);
-        if self.paths().retired_reports(&run.goal_id, &month).exists() {
+        let mark = self.paths().retired_reports(&run.goal_id, &month);
+        if mark.exists() {
             return Ok(false);
         }
-        let mut wrote = false;
+        let mut written = Vec::new();
         for (path, render) in [
             (
                 self.paths().run_json(&run.goal_id, &run.id),
@@ -488,9 +489,9 @@ impl Kernel {
                 Err(_) => {}
             }
             write_once(&path, &render(run))?;
-            wrote = true;
+            written.push(path);
         }
-        Ok(wrote)
+        withdraw_if_retired(&mark, &written)
     }
 }
 
@@ -626,6 +627,30 @@ impl Kernel {
     }
 }
 
+/// Takes back report files just written for a month that `gc` retired meanwhile; whether any
+/// written file stays. `gc` writes the month's mark and then removes its files, so a file
+/// written after its removals is seen here by the mark, and one written before them is removed
+/// by `gc`: either way the retired month keeps no file.
+fn withdraw_if_retired(mark: &std::path::Path, written: &[std::path::PathBuf]) -> Result<bool> {
+    if written.is_empty() || !mark.exists() {
+        return Ok(!written.is_empty());
+    }
+    for path in written {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(LoopxError::io(
+                    path,
+                    format!("removing {}", path.display()),
+                    e,
+                ));
+            }
+        }
+    }
+    Ok(false)
+}
+
 /// A monthly archive another process wrote meanwhile is the same month's record: not an error.
 fn ignore_existing(e: crate::error::LoopxError) -> Result<()> {
     match e {
@@ -638,6 +663,27 @@ fn ignore_existing(e: crate::error::LoopxError) -> Result<()> {
 mod tests {
     use super::*;
     use crate::model::{Claim, GateScope, Priority, Todo, TodoKind, TodoStatus};
+
+    /// The race with `gc`: its mark appeared after the restore looked for it, and the files the
+    /// restore wrote are taken back; without a mark they stay.
+    #[test]
+    fn reports_written_into_a_month_retired_meanwhile_are_taken_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mark = dir.path().join("2026-01.retired");
+        let files = [dir.path().join("r.json"), dir.path().join("r.md")];
+        for f in &files {
+            std::fs::write(f, "report").unwrap();
+        }
+        assert!(withdraw_if_retired(&mark, &files).unwrap());
+        assert!(files.iter().all(|f| f.exists()));
+        std::fs::write(&mark, "{}").unwrap();
+        assert!(!withdraw_if_retired(&mark, &files).unwrap());
+        assert!(files.iter().all(|f| !f.exists()));
+        // gc removed one of them first: nothing to take back is not an error.
+        std::fs::write(&files[0], "report").unwrap();
+        assert!(!withdraw_if_retired(&mark, &files).unwrap());
+        assert!(!withdraw_if_retired(&mark, &[]).unwrap());
+    }
 
     fn todo() -> Todo {
         Todo {
