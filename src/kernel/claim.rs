@@ -14,7 +14,7 @@ use crate::clock::now_ms;
 use crate::error::{NextAction, Param, Result, bad_input, conflict, msg, not_found, refused};
 use crate::ids::{new_ulid, validate_token};
 use crate::kernel::store::StoreTx;
-use crate::model::{Claim, GoalStatus, Role, Todo, TodoStatus};
+use crate::model::{Claim, GoalStatus, Role, Todo, TodoKind, TodoStatus};
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30 * 60;
 pub const MAX_TTL_SECONDS: u64 = 24 * 60 * 60;
@@ -161,6 +161,11 @@ fn claim_specific(
                 todo.id
             )));
         }
+    }
+    if todo.kind == TodoKind::Monitor
+        && let Some(m) = tx.monitor(&req.goal_id, &todo.id)?
+    {
+        super::monitor::refuse_if_ended(&todo.id, &m, now)?;
     }
     for dep in &todo.depends_on {
         let d = tx.todo(&req.goal_id, dep)?;

@@ -505,6 +505,18 @@ pub(crate) fn truncate(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// Refuses work on a monitor whose `--until` has passed (a check, a claim): it is ended, and
+/// only waits for the next heartbeat to archive it.
+pub(crate) fn refuse_if_ended(todo_id: &str, m: &Monitor, now: i64) -> Result<()> {
+    if m.expired(now) {
+        return Err(refused(format!(
+            "monitor '{todo_id}' ended at {} (its until); the next heartbeat archives it",
+            crate::clock::rfc3339(m.until_at.unwrap_or(now))
+        )));
+    }
+    Ok(())
+}
+
 /// Archives `todo` because its monitor's `--until` passed.
 fn end_monitor(tx: &dyn StoreTx, mut todo: Todo, now: i64) -> Result<Todo> {
     todo.status = TodoStatus::Archived;
@@ -643,12 +655,7 @@ impl Kernel {
                     todo.status
                 )));
             }
-            if m.expired(now) {
-                return Err(refused(format!(
-                    "monitor '{todo_id}' ended at {} (its until); the next heartbeat archives it",
-                    crate::clock::rfc3339(m.until_at.unwrap_or(now))
-                )));
-            }
+            refuse_if_ended(todo_id, &m, now)?;
             match ticket {
                 Some(seq) if seq != m.check_seq => {
                     return Err(conflict(format!(

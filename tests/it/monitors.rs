@@ -317,6 +317,19 @@ fn until_ends_the_monitor() {
         "y",
     ]);
     assert_eq!(r.code, 1, "{}", r.stderr);
+    // Nor can it be claimed: an ended monitor only waits to be archived.
+    let claim = p.run(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        "m",
+        "--agent-id",
+        "a1",
+    ]);
+    assert_eq!(claim.code, 1, "{}", claim.stderr);
+    assert!(claim.stderr.contains("ended at"), "{}", claim.stderr);
     let beat = once(&p, &[]);
     assert_eq!(beat["ended_monitors"], serde_json::json!(["m"]));
     assert_eq!(show(&p, "m")["todo"]["status"], "archived");
