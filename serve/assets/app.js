@@ -477,8 +477,14 @@ function connect() {
   const source = new EventSource(API + '/events');
   source.addEventListener('ready', () => { live.textContent = 'live'; live.className = 'live on'; });
   source.addEventListener('change', () => { render(); });
-  // EventSource reconnects by itself; the page re-fetches once it is back.
-  source.onerror = () => { live.textContent = 'reconnecting'; live.className = 'live off'; };
+  // EventSource reconnects by itself after a dropped connection; the page re-fetches once it is
+  // back. An answer other than a stream (a server at its stream limit says 503) closes it for
+  // good, so the page opens a new one a few seconds later.
+  source.onerror = () => {
+    live.textContent = 'reconnecting';
+    live.className = 'live off';
+    if (source.readyState === EventSource.CLOSED) setTimeout(connect, 3000);
+  };
   source.onopen = () => { render(); };
 }
 

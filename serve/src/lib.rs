@@ -116,14 +116,26 @@ pub fn check_config(listen: SocketAddr, token: Option<&str>) -> Result<(), Confi
 struct AppState {
     config: Config,
     changes: broadcast::Sender<u64>,
+    /// One permit per open event stream, at most [`MAX_EVENT_STREAMS`].
+    streams: Arc<tokio::sync::Semaphore>,
 }
+
+/// The most event streams open at once. An open page holds one for as long as it is open, so
+/// without a bound of their own the streams alone could take every connection
+/// ([`MAX_CONNECTIONS`]) and leave none for the operator's requests; past it a stream is
+/// refused with 503, and the page tries again a few seconds later.
+pub const MAX_EVENT_STREAMS: usize = 64;
 
 type Shared = Arc<AppState>;
 
 /// The dashboard's routes, behind the host, token and header checks. `changes` carries one
 /// message per commit noticed (see [`watch_changes`]).
 pub fn router(config: Config, changes: broadcast::Sender<u64>) -> Router {
-    let state = Arc::new(AppState { config, changes });
+    let state = Arc::new(AppState {
+        config,
+        changes,
+        streams: Arc::new(tokio::sync::Semaphore::new(MAX_EVENT_STREAMS)),
+    });
     Router::new()
         .route("/", get(index))
         .route("/app.js", get(app_js))
@@ -235,6 +247,12 @@ fn error_of(status: StatusCode, text: String) -> LoopxError {
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::MISDIRECTED_REQUEST => {
             refused(text)
         }
+        // The kind [`error_status`] answers with 503: the server cannot serve it now.
+        StatusCode::SERVICE_UNAVAILABLE => LoopxError::Io {
+            path: std::path::PathBuf::new(),
+            context: text,
+            source: std::io::Error::from(std::io::ErrorKind::ResourceBusy),
+        },
         s if s.is_server_error() => {
             LoopxError::internal(text, std::io::Error::other(s.to_string()))
         }
@@ -700,11 +718,23 @@ async fn extension_show(State(s): State<Shared>, Path(id): Path<String>) -> Resp
 /// One `change` event per commit noticed, after a `ready` event; a page that missed events
 /// (it lagged, or reconnected) re-fetches everything it shows, so none carries data.
 async fn events(State(s): State<Shared>) -> Response {
+    let Ok(permit) = s.streams.clone().try_acquire_owned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            format!(
+                "{MAX_EVENT_STREAMS} event streams are open, the most this server keeps; close a \
+                 dashboard tab, or wait: the page tries again by itself\n"
+            ),
+        )
+            .into_response();
+    };
     let receiver = s.changes.subscribe();
     let ready = futures_util::stream::once(async {
         Ok::<_, std::convert::Infallible>(Event::default().event("ready").data("{}"))
     });
-    let changes = futures_util::stream::unfold(receiver, |mut rx| async move {
+    // The permit lives in the stream's state: it is given back when the stream is dropped.
+    let changes = futures_util::stream::unfold((receiver, permit), |(mut rx, permit)| async move {
         // A page that lagged behind gets one change without a number: it re-fetches anyway.
         let seq = match rx.recv().await {
             Ok(seq) => seq.to_string(),
@@ -714,7 +744,7 @@ async fn events(State(s): State<Shared>) -> Response {
         let event = Event::default()
             .event("change")
             .data(format!("{{\"seq\":{seq}}}"));
-        Some((Ok(event), rx))
+        Some((Ok(event), (rx, permit)))
     });
     use futures_util::StreamExt;
     Sse::new(ready.chain(changes))

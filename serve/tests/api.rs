@@ -447,6 +447,41 @@ async fn a_schema_older_than_the_server_reads_is_refused_not_upgraded() {
     assert_eq!(version(&c), older, "the schema was upgraded by a read");
 }
 
+/// Open pages' event streams have a bound of their own below the server's connection limit, so
+/// they can never take every connection from the operator's requests: past it a stream is
+/// refused (503, the JSON envelope, `Retry-After`), and a closed stream frees its place.
+#[tokio::test]
+async fn event_streams_past_their_limit_are_refused_and_a_closed_one_frees_its_place() {
+    use loopx_serve::{MAX_CONNECTIONS, MAX_EVENT_STREAMS};
+    const { assert!(MAX_EVENT_STREAMS < MAX_CONNECTIONS / 2) };
+    let (_dir, paths, _) = seed();
+    let app = app(&paths, LISTEN, None);
+    let mut open = Vec::new();
+    for _ in 0..MAX_EVENT_STREAMS {
+        let response = app.clone().oneshot(get("/api/v1/events")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        open.push(response);
+    }
+    let (status, headers, body) = send(&app, get("/api/v1/events")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(headers[header::RETRY_AFTER], "5");
+    let envelope: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(envelope["error"]["kind"], "io", "{envelope}");
+    assert!(
+        envelope["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("event streams are open"),
+        "{envelope}"
+    );
+    // Other requests are still answered.
+    let (status, _, _) = send(&app, get("/api/v1/status")).await;
+    assert_eq!(status, StatusCode::OK);
+    drop(open.pop());
+    let response = app.clone().oneshot(get("/api/v1/events")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
 #[tokio::test]
 async fn no_write_method_is_routed() {
     let (_dir, paths, runs) = seed();
