@@ -55,76 +55,56 @@ fn start(dir: &std::path::Path, extra: &[&str]) -> Server {
 #[test]
 fn a_non_loopback_address_without_a_token_is_refused_with_exit_2() {
     let dir = project();
-    for listen in ["0.0.0.0:0", "[::]:0"] {
-        let out = Command::new(server_bin())
-            .arg("--root")
-            .arg(dir.path())
-            .args(["--listen", listen])
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{listen}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("without a token") && err.contains("--token-file"),
-            "{err}"
-        );
-    }
     let empty = dir.path().join("token");
     std::fs::write(&empty, "\n").unwrap();
-    let out = Command::new(server_bin())
-        .arg("--root")
-        .arg(dir.path())
-        .args(["--listen", "0.0.0.0:0", "--token-file"])
-        .arg(&empty)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("token is empty"));
-    let out = Command::new(server_bin())
-        .arg("--root")
-        .arg(dir.path())
-        .args(["--listen", "0.0.0.0:0", "--token-file"])
-        .arg(dir.path().join("no-such-token"))
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(3));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-token"));
-    // A file without end is read only as far as a token line could go.
-    let out = Command::new(server_bin())
-        .arg("--root")
-        .arg(dir.path())
-        .args(["--listen", "0.0.0.0:0", "--token-file", "/dev/zero"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no line break"));
-    // A token file the machine will not read (here a directory) is an I/O failure naming it.
-    let out = Command::new(server_bin())
-        .arg("--root")
-        .arg(dir.path())
-        .args(["--listen", "0.0.0.0:0", "--token-file"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(6));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&dir.path().display().to_string()), "{err}");
-    // A token that could never be presented is refused.
-    let out = Command::new(server_bin())
-        .arg("--root")
-        .arg(dir.path())
-        .args(["--listen", "0.0.0.0:0", "--token", "a;b"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot send back"));
-    let out = Command::new(server_bin())
-        .arg("--root")
-        .arg(dir.path())
-        .args(["--listen", "nonsense"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    let root = dir.path().as_os_str();
+    let cases: &[(&[&std::ffi::OsStr], i32, &str)] = &[
+        (
+            &["--listen".as_ref(), "0.0.0.0:0".as_ref()],
+            2,
+            "without a token",
+        ),
+        (&["--listen".as_ref(), "[::]:0".as_ref()], 2, "--token-file"),
+        (
+            &["--token-file".as_ref(), empty.as_os_str()],
+            2,
+            "token is empty",
+        ),
+        (
+            &[
+                "--token-file".as_ref(),
+                "/nonexistent/no-such-token".as_ref(),
+            ],
+            3,
+            "no-such-token",
+        ),
+        // A file without end is read only as far as a token line could go.
+        (
+            &["--token-file".as_ref(), "/dev/zero".as_ref()],
+            2,
+            "no line break",
+        ),
+        // A token file the machine will not read (here a directory) is an I/O failure naming it.
+        (
+            &["--token-file".as_ref(), root],
+            6,
+            &dir.path().display().to_string(),
+        ),
+        // A token that could never be presented is refused.
+        (&["--token".as_ref(), "a;b".as_ref()], 2, "cannot send back"),
+        (&["--listen".as_ref(), "nonsense".as_ref()], 2, "nonsense"),
+    ];
+    for (args, code, says) in cases {
+        let mut command = Command::new(server_bin());
+        command.arg("--root").arg(root);
+        if !args.contains(&std::ffi::OsStr::new("--listen")) {
+            command.args(["--listen", "0.0.0.0:0"]);
+        }
+        let out = command.args(*args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(*code), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
 
 /// `loopx --format json serve` reports a failure to start as every other command does: the JSON
