@@ -147,10 +147,19 @@ pub(crate) fn spend_series_in_tx(
 ) -> Result<SpendSeries> {
     let policy = tx.quota_policy(goal_id)?.unwrap_or_default();
     let (from, to) = (now - policy.window_ms(), now + 1);
+    let mut net_slots = tx.spend_series(goal_id, from, to, SPEND_SERIES_BUCKETS)?;
+    // Rows dated after this read (spent while the clock was ahead, before it was set back)
+    // count in the window's total; the last span shows them, so the spans still sum to it.
+    if let Some(last) = net_slots.last_mut() {
+        *last += tx
+            .spend_series(goal_id, to, i64::MAX, 1)?
+            .iter()
+            .sum::<i64>();
+    }
     Ok(SpendSeries {
         from,
         to,
-        net_slots: tx.spend_series(goal_id, from, to, SPEND_SERIES_BUCKETS)?,
+        net_slots,
     })
 }
 

@@ -1189,4 +1189,14 @@ fn a_clock_set_back_neither_reorders_history_nor_replays_a_spend() {
         "{history}"
     );
     assert_eq!(history["runs"][0]["summary"], "tick 2", "{history}");
+    // The spend dated an hour ahead counts in the window, and the plot's spans still sum to it.
+    let quota = p.json(&["quota", "show", "--goal-id", &goal]);
+    let spans: i64 = quota["spend_series"]["net_slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_i64().unwrap())
+        .sum();
+    assert_eq!(quota["quota"]["spent_slots"], 2, "{quota}");
+    assert_eq!(spans, 2, "{quota}");
 }
