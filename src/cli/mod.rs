@@ -318,12 +318,6 @@ impl Context {
             .expect("a command holds at most one borrow of the kernel"))
     }
 
-    /// Ends the process's use of the kernel without closing the store. The process exits next,
-    /// and the exit releases everything closing would (SQLite's locks, mappings, descriptors and
-    /// memory); closing does no durable work here, as every transaction has committed or rolled
-    /// back by now and a close never checkpoints (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). What closing
-    /// cost is in docs/benchmarks.md. Only the process's own `main` may call this: a long-lived
-    /// caller would leak a connection per call.
     /// Whether this process committed a write (see [`Kernel::has_committed`]).
     fn has_committed(&self) -> bool {
         self.kernel
@@ -340,6 +334,12 @@ impl Context {
             .unwrap_or_default()
     }
 
+    /// Ends the process's use of the kernel without closing the store. The process exits next,
+    /// and the exit releases everything closing would (SQLite's locks, mappings, descriptors and
+    /// memory); closing does no durable work here, as every transaction has committed or rolled
+    /// back by now and a close never checkpoints (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). What closing
+    /// cost is in docs/benchmarks.md. Only the process's own `main` may call this: a long-lived
+    /// caller would leak a connection per call.
     fn release_at_exit(self) {
         std::mem::forget(self.kernel);
     }
