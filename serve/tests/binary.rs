@@ -222,6 +222,18 @@ fn read_until_closed(stream: &mut TcpStream, limit: Duration, what: &str) -> Str
     String::from_utf8_lossy(&seen).into_owned()
 }
 
+/// A whole request on a new connection is answered (200) and the connection closed.
+fn assert_serves_a_whole_request(host: &str) {
+    let mut normal = TcpStream::connect(host).unwrap();
+    write!(
+        normal,
+        "GET /api/v1/goals HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let answer = read_until_closed(&mut normal, Duration::from_secs(20), "normal");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
 #[test]
 fn a_client_that_never_finishes_a_request_is_disconnected_and_others_are_served() {
     let dir = project();
@@ -242,14 +254,7 @@ fn a_client_that_never_finishes_a_request_is_disconnected_and_others_are_served(
     )
     .unwrap();
     // While they wait, a whole request is answered.
-    let mut normal = TcpStream::connect(&host).unwrap();
-    write!(
-        normal,
-        "GET /api/v1/goals HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let answer = read_until_closed(&mut normal, Duration::from_secs(20), "normal");
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_serves_a_whole_request(&host);
 
     let limit = Duration::from_secs(20);
     assert_eq!(read_until_closed(&mut partial, limit, "partial header"), "");
@@ -374,14 +379,7 @@ fn a_client_that_stops_reading_its_answers_is_disconnected() {
     }
     drop(hog);
     // The server serves others as before.
-    let mut normal = TcpStream::connect(&host).unwrap();
-    write!(
-        normal,
-        "GET /api/v1/goals HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let answer = read_until_closed(&mut normal, Duration::from_secs(20), "normal");
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_serves_a_whole_request(&host);
 }
 
 /// A request without the token is answered once and its connection closed: a client without the
