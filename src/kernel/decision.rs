@@ -316,6 +316,35 @@ pub(crate) fn installed_capabilities(tx: &dyn StoreRead) -> Result<Vec<String>> 
     Ok(out)
 }
 
+/// The installed capabilities, read from the registry the first time a goal needs them: most
+/// goals bind no todo to an extension's capability, and the registry's join is one of the larger
+/// statements a `should-run` would otherwise compile.
+#[derive(Default)]
+pub(crate) struct InstalledCapabilities(Option<Vec<String>>);
+
+/// The capabilities the goal's live todos are bound to that no enabled extension provides
+/// (`builtin:` ones always exist).
+pub(crate) fn missing_capabilities(
+    tx: &dyn StoreRead,
+    goal_id: &str,
+    installed: &mut InstalledCapabilities,
+) -> Result<Vec<String>> {
+    let mut missing = Vec::new();
+    for c in tx.bound_capabilities(goal_id)? {
+        if c.starts_with("builtin:") {
+            continue;
+        }
+        let installed = match &mut installed.0 {
+            Some(list) => list,
+            empty => empty.insert(installed_capabilities(tx)?),
+        };
+        if !installed.contains(&c) {
+            missing.push(c);
+        }
+    }
+    Ok(missing)
+}
+
 /// Decides inside an existing snapshot (shared with the turn driver).
 pub(crate) fn decide_in_tx(
     tx: &dyn StoreRead,
@@ -329,12 +358,8 @@ pub(crate) fn decide_in_tx(
     let (blocking_gates, other_user_todos): (Vec<Todo>, Vec<Todo>) = user_todos
         .into_iter()
         .partition(|t| t.gate_blocks(agent_id));
-    let installed = installed_capabilities(tx)?;
-    let missing_capabilities: Vec<String> = tx
-        .bound_capabilities(goal_id)?
-        .into_iter()
-        .filter(|c| !c.starts_with("builtin:") && !installed.contains(c))
-        .collect();
+    let missing_capabilities =
+        missing_capabilities(tx, goal_id, &mut InstalledCapabilities::default())?;
     let mut d = Decision {
         goal_id: goal_id.to_string(),
         agent_id: agent_id.to_string(),

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::decision::installed_capabilities;
+use super::decision::{InstalledCapabilities, missing_capabilities};
 use super::quota::{QuotaState, QuotaView, view_in_tx};
 use super::{Kernel, require_goal};
 use crate::clock::now_ms;
@@ -102,7 +102,7 @@ const NOT_TERMINAL: [TodoStatus; 4] = [
 fn goal_status(
     tx: &dyn StoreRead,
     goal: Goal,
-    installed: &[String],
+    installed: &mut InstalledCapabilities,
     now: i64,
     queue: &mut Vec<AttentionItem>,
 ) -> Result<GoalStatusView> {
@@ -147,11 +147,7 @@ fn goal_status(
                 (rank, t.priority.rank()),
             ));
         }
-        let missing: Vec<String> = tx
-            .bound_capabilities(&gid)?
-            .into_iter()
-            .filter(|c| !c.starts_with("builtin:") && !installed.contains(c))
-            .collect();
+        let missing = missing_capabilities(tx, &gid, installed)?;
         if !missing.is_empty() {
             queue.push(item(
                 &gid,
@@ -247,7 +243,7 @@ impl Kernel {
     pub fn status(&self, goal_id: Option<&str>) -> Result<StatusReport> {
         self.read(|tx| {
             let now = now_ms();
-            let installed = installed_capabilities(tx)?;
+            let mut installed = InstalledCapabilities::default();
             let goals = match goal_id {
                 Some(g) => vec![require_goal(tx, g)?],
                 None => tx
@@ -259,7 +255,7 @@ impl Kernel {
             let mut attention = Vec::new();
             let mut views = Vec::new();
             for goal in goals {
-                views.push(goal_status(tx, goal, &installed, now, &mut attention)?);
+                views.push(goal_status(tx, goal, &mut installed, now, &mut attention)?);
             }
             attention.sort_by_key(|i| i.rank);
             Ok(StatusReport {

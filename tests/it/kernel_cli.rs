@@ -1200,3 +1200,47 @@ fn a_clock_set_back_neither_reorders_history_nor_replays_a_spend() {
     assert_eq!(quota["quota"]["spent_slots"], 2, "{quota}");
     assert_eq!(spans, 2, "{quota}");
 }
+
+/// The queue names, per goal, exactly the capabilities that goal's live todos need and nobody
+/// provides; a goal without bound todos (read before any other, so the registry is not yet
+/// read when the next goal needs it) gets no repair item.
+#[test]
+fn the_attention_queue_names_each_goals_missing_capabilities() {
+    let p = Project::new();
+    let plain = p.goal("plain");
+    p.add_todo(&plain, "ordinary work", &[]);
+    let needs = p.goal("needs");
+    p.add_todo(&needs, "fix it", &["--capability", "missing-ext/fixer"]);
+    let also = p.goal("also");
+    p.add_todo(&also, "lint it", &["--capability", "other-ext/lint"]);
+    p.add_todo(&also, "fix it too", &["--capability", "missing-ext/fixer"]);
+    let status = p.json(&["status"]);
+    let mut repairs: Vec<(String, String)> = status["attention"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["kind"] == "repair")
+        .map(|i| {
+            (
+                i["goal_id"].as_str().unwrap().to_string(),
+                i["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    repairs.sort();
+    assert_eq!(
+        repairs,
+        [
+            (
+                also.clone(),
+                "missing-ext/fixer, other-ext/lint".to_string()
+            ),
+            (needs.clone(), "missing-ext/fixer".to_string()),
+        ],
+        "{status}"
+    );
+    for (g, repair) in [(&plain, false), (&needs, true), (&also, true)] {
+        let d = p.json(&["quota", "should-run", "--goal-id", g]);
+        assert_eq!(d["route"] == "repair_required", repair, "{g}: {d}");
+    }
+}
