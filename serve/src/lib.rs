@@ -24,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use loopx::cli::serve::{api_read, error_json, run_report};
 use loopx::error::{LoopxError, bad_input, refused};
+use loopx::kernel::SchemaUpgrade;
 use loopx::kernel::watch::ChangeWatcher;
 use loopx::paths::ProjectPaths;
 use loopx::plugin::manifest::is_extension_id;
@@ -163,21 +164,49 @@ pub fn router(config: Config, changes: broadcast::Sender<u64>) -> Router {
 }
 
 /// Sleeps in a [`ChangeWatcher`] (call it on a thread of its own) and sends one message per
-/// commit noticed, for the life of the process. Returns only when the watcher fails.
+/// commit noticed, for the life of the process. When the watcher fails (the database at the path
+/// was replaced by a file it cannot read: not a database, an older schema the server will not
+/// upgrade), `on_error` hears why, pages are told to fetch again (and show that error), and a new
+/// watcher is tried every [`WATCH_RETRY`] until one starts, which tells the pages once more.
 pub fn watch_changes(
     paths: &ProjectPaths,
     changes: broadcast::Sender<u64>,
-) -> loopx::error::Result<()> {
-    let mut watcher = ChangeWatcher::new(paths)?;
+    mut on_error: impl FnMut(&LoopxError),
+) -> ! {
     let mut seq = 0u64;
+    // No receiver (no page open) is not an error: the next page fetches fresh state.
+    let mut notify = || {
+        seq += 1;
+        let _ = changes.send(seq);
+    };
+    let mut failing = false;
     loop {
-        if watcher.wait(None)? {
-            seq += 1;
-            // No receiver (no page open) is not an error: the next page fetches fresh state.
-            let _ = changes.send(seq);
+        let failure = match ChangeWatcher::new(paths, SchemaUpgrade::Refuse) {
+            Ok(mut watcher) => {
+                if std::mem::take(&mut failing) {
+                    notify();
+                }
+                loop {
+                    match watcher.wait(None) {
+                        Ok(true) => notify(),
+                        Ok(false) => {}
+                        Err(e) => break e,
+                    }
+                }
+            }
+            Err(e) => e,
+        };
+        if !failing {
+            on_error(&failure);
+            notify();
+            failing = true;
         }
+        std::thread::sleep(WATCH_RETRY);
     }
 }
+
+/// How often a failed change watcher is started again.
+const WATCH_RETRY: Duration = Duration::from_secs(1);
 
 /// Refuses requests for another host (DNS rebinding) or without the token, answers every API
 /// error as the JSON envelope, and puts the security headers on every response, refusals

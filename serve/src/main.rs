@@ -106,9 +106,12 @@ fn serve(args: Args) -> loopx::Result<()> {
         std::thread::Builder::new()
             .name("loopx-watch".into())
             .spawn(move || {
-                if let Err(e) = watch_changes(&watcher_paths, sender) {
-                    eprintln!("loopx-serve: warning: live updates stopped: {e}");
-                }
+                watch_changes(&watcher_paths, sender, |e| {
+                    eprintln!(
+                        "loopx-serve: warning: live updates paused until the project's database \
+                         can be read again: {e}"
+                    )
+                })
             })
             .map_err(|e| io_failure("starting the change watcher".to_string(), e))?;
         let app = router(

@@ -6,6 +6,7 @@ use super::Context;
 use super::output::Output;
 use crate::clock::now_ms;
 use crate::error::Result;
+use crate::kernel::Kernel;
 use crate::kernel::projection::{goal_json, todo_json};
 
 #[derive(Debug, clap::Args)]
@@ -20,14 +21,15 @@ pub struct StatusArgs {
 }
 
 pub fn run(ctx: &Context, args: StatusArgs) -> Result<Output> {
+    let mut kernel = ctx.kernel()?;
     if args.watch {
-        return super::watch::run(ctx, || snapshot(ctx, args.goal_id.as_deref()));
+        return super::watch::run(ctx, &mut kernel, |k| snapshot(k, args.goal_id.as_deref()));
     }
-    snapshot(ctx, args.goal_id.as_deref())
+    snapshot(&kernel, args.goal_id.as_deref())
 }
 
-fn snapshot(ctx: &Context, goal_id: Option<&str>) -> Result<Output> {
-    let report = ctx.kernel()?.status(goal_id)?;
+fn snapshot(kernel: &Kernel, goal_id: Option<&str>) -> Result<Output> {
+    let report = kernel.status(goal_id)?;
     let now = now_ms();
     let queue_rows = report
         .attention

@@ -346,7 +346,7 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
             goal_id,
             status,
             watch: true,
-        } => super::watch::run(ctx, || list(&kernel, &goal_id, status)),
+        } => super::watch::run(ctx, &mut kernel, |k| list(k, &goal_id, status)),
         TodoCommand::List {
             goal_id, status, ..
         } => list(&kernel, &goal_id, status),

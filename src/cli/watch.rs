@@ -14,6 +14,7 @@ use std::time::Duration;
 use super::Context;
 use super::output::{Format, Output};
 use crate::error::{LoopxError, Result, refused};
+use crate::kernel::Kernel;
 use crate::kernel::watch::ChangeWatcher;
 use crate::turn::host::{install_stop_handlers, stop_requested};
 
@@ -23,8 +24,13 @@ const SLICE: Duration = Duration::from_millis(200);
 /// Clear the screen, then home the cursor.
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
-/// Prints `snapshot()` now and after every commit until a signal or a closed stdout.
-pub fn run(ctx: &Context, mut snapshot: impl FnMut() -> Result<Output>) -> Result<Output> {
+/// Prints `snapshot(kernel)` now and after every commit until a signal or a closed stdout. When
+/// a restore puts another database at the path, `kernel` is reopened on it before the redraw.
+pub fn run(
+    ctx: &Context,
+    kernel: &mut Kernel,
+    mut snapshot: impl FnMut(&Kernel) -> Result<Output>,
+) -> Result<Output> {
     if ctx.in_turn() {
         return Err(refused(
             "--watch runs until it is stopped, and a turn's request must end: run it outside the \
@@ -32,11 +38,16 @@ pub fn run(ctx: &Context, mut snapshot: impl FnMut() -> Result<Output>) -> Resul
         ));
     }
     install_stop_handlers();
-    let mut watcher = ChangeWatcher::new(&ctx.paths()?)?;
+    let mut watcher = ChangeWatcher::new(&ctx.paths()?, ctx.schema_upgrade)?;
+    let mut replacements = watcher.replacements();
     let terminal = std::io::stdout().is_terminal();
     let mut redraws = 0u64;
     loop {
-        let frame = frame(&snapshot()?, ctx.format, terminal);
+        if watcher.replacements() != replacements {
+            kernel.reopen(ctx.schema_upgrade)?;
+            replacements = watcher.replacements();
+        }
+        let frame = frame(&snapshot(kernel)?, ctx.format, terminal);
         if !write_frame(&frame)? {
             break;
         }

@@ -231,6 +231,16 @@ impl Kernel {
         &self.paths
     }
 
+    /// Opens the database now at the project's path in place of the one this handle has open:
+    /// after a restore put another file there, a long-lived process (a loop, a watch) must not go
+    /// on reading, or committing to, the replaced one. Warnings not yet printed are kept.
+    pub fn reopen(&mut self, upgrade: SchemaUpgrade) -> Result<()> {
+        let reopened = Kernel::open_with(self.paths.clone(), upgrade)?;
+        self.store = reopened.store;
+        self.last_commit = None;
+        Ok(())
+    }
+
     /// Settles a step that runs after the command's transaction committed (writing a
     /// projection). Its failure cannot undo the commit, so it must not fail the command: an
     /// exit code other than 0 would tell the caller nothing happened, and a caller that retries

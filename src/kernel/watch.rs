@@ -42,11 +42,9 @@ const MAX_RECHECK: Duration = Duration::from_millis(50);
 /// missing (no directory to watch).
 const MISSING_POLL: Duration = Duration::from_millis(250);
 
-/// The watcher's own store: it only reads, so it never migrates a schema (the command or server
-/// that watches has opened the project already).
-fn open_store(db: &std::path::Path) -> Result<Box<dyn Store>> {
-    crate::kernel::store::open_with(Backend::default(), db, SchemaUpgrade::Refuse)
-}
+/// How long a file at the database's path may stay unopenable (a restore still copying it in)
+/// before the watcher reports why instead of waiting on.
+const UNOPENABLE_GRACE: Duration = Duration::from_secs(2);
 
 /// Which file a path names (device and inode): a file renamed into place is another file.
 type FileIdentity = (u64, u64);
@@ -59,9 +57,16 @@ fn file_identity(path: &std::path::Path) -> Option<FileIdentity> {
 /// Wakes when another process (or another handle in this one) commits to the project's store.
 pub struct ChangeWatcher {
     paths: ProjectPaths,
+    /// Whether a database of an older schema that replaces the watched one is upgraded on
+    /// reopening: the CLI's watchers upgrade as every command does, the server's reads never do.
+    upgrade: SchemaUpgrade,
     store: Box<dyn Store>,
     /// The database file `store` has open, as it was found at the path before opening it.
     opened: Option<FileIdentity>,
+    /// How many times another file at the path has been opened in place of the first.
+    replacements: u64,
+    /// Since when the file at the path could not be opened, while it cannot.
+    unopenable_since: Option<Instant>,
     version: i64,
     position: i64,
     /// `None` once the watched directory is gone (removed or moved aside).
@@ -72,7 +77,7 @@ pub struct ChangeWatcher {
 impl ChangeWatcher {
     /// Starts watching the project at `paths`. Commits after this call are reported by the next
     /// [`ChangeWatcher::wait`].
-    pub fn new(paths: &ProjectPaths) -> Result<ChangeWatcher> {
+    pub fn new(paths: &ProjectPaths, upgrade: SchemaUpgrade) -> Result<ChangeWatcher> {
         // The descriptor exists before the counter's first reading, so a commit between the two
         // is seen either by the reading or as an event.
         #[cfg(target_os = "linux")]
@@ -80,13 +85,16 @@ impl ChangeWatcher {
         // Taken before opening: a file renamed into place in between is then seen as a
         // replacement and opened again, never missed.
         let opened = file_identity(&paths.db());
-        let store = open_store(&paths.db())?;
+        let store = crate::kernel::store::open_with(Backend::default(), &paths.db(), upgrade)?;
         let version = store.data_version()?;
         let position = store.op_log_position()?;
         Ok(ChangeWatcher {
             paths: paths.clone(),
+            upgrade,
             store,
             opened,
+            replacements: 0,
+            unopenable_since: None,
             version,
             position,
             #[cfg(target_os = "linux")]
@@ -123,10 +131,16 @@ impl ChangeWatcher {
         }
     }
 
+    /// How many times the database at the path has been replaced by another file (a restore)
+    /// and reopened: a reader holding its own handle on the first one must open it again.
+    pub fn replacements(&self) -> u64 {
+        self.replacements
+    }
+
     /// Whether a commit happened since the last check (and remembers where the store is now).
     fn committed(&mut self) -> Result<bool> {
         if file_identity(&self.paths.db()) != self.opened {
-            return Ok(self.reopen());
+            return self.reopen();
         }
         let version = self.store.data_version()?;
         if version == self.version {
@@ -141,32 +155,43 @@ impl ChangeWatcher {
 
     /// Opens the database now at the path, and watches the directory now at the path, in place
     /// of the ones that were replaced; true (a change: the project's state is another file's)
-    /// once both are open. While either is missing or cannot be opened yet (a restore half
-    /// done), the old ones are kept and the next check tries again.
-    fn reopen(&mut self) -> bool {
+    /// once both are open. While either is missing, or the file cannot be opened yet (a restore
+    /// half done), the old ones are kept and the next check tries again; a file that still
+    /// cannot be opened after [`UNOPENABLE_GRACE`] is reported as the error opening it gives
+    /// (not a database, a newer schema, ...), so no reader goes on showing the replaced one.
+    fn reopen(&mut self) -> Result<bool> {
         let db = self.paths.db();
         let Some(identity) = file_identity(&db) else {
-            return false;
+            return Ok(false);
         };
         #[cfg(target_os = "linux")]
         let Ok(events) = inotify::Events::watch(&self.paths.state) else {
-            return false;
+            return Ok(false);
         };
-        let Ok(store) = open_store(&db) else {
-            return false;
-        };
-        let (Ok(version), Ok(position)) = (store.data_version(), store.op_log_position()) else {
-            return false;
+        let opened = crate::kernel::store::open_with(Backend::default(), &db, self.upgrade)
+            .and_then(|store| Ok((store.data_version()?, store.op_log_position()?, store)));
+        let (version, position, store) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                let since = *self.unopenable_since.get_or_insert_with(Instant::now);
+                return if since.elapsed() >= UNOPENABLE_GRACE {
+                    Err(e)
+                } else {
+                    Ok(false)
+                };
+            }
         };
         self.store = store;
         self.opened = Some(identity);
         self.version = version;
         self.position = position;
+        self.replacements += 1;
+        self.unopenable_since = None;
         #[cfg(target_os = "linux")]
         {
             self.events = Some(events);
         }
-        true
+        Ok(true)
     }
 
     /// Sleeps until a file event on the database or its WAL (true) or `block` passes (false);
@@ -371,7 +396,7 @@ mod inotify {
 mod tests {
     use std::time::Duration;
 
-    use super::ChangeWatcher;
+    use super::{ChangeWatcher, SchemaUpgrade};
     use crate::kernel::goal::NewGoal;
     use crate::kernel::test_project;
     use crate::kernel::{Actor, Kernel};
@@ -389,7 +414,7 @@ mod tests {
     fn a_commit_from_another_connection_on_another_thread_wakes_a_waiting_watcher() {
         let (dir, _kernel) = test_project::with_goal_g();
         let paths = crate::paths::ProjectPaths::at(dir.path());
-        let mut watcher = ChangeWatcher::new(&paths).unwrap();
+        let mut watcher = ChangeWatcher::new(&paths, SchemaUpgrade::Refuse).unwrap();
         let writer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
             let mut other = Kernel::open(paths).unwrap();
@@ -404,7 +429,11 @@ mod tests {
     #[test]
     fn a_commit_made_between_two_waits_is_reported_by_the_next_one() {
         let (dir, mut kernel) = test_project::with_goal_g();
-        let mut watcher = ChangeWatcher::new(&crate::paths::ProjectPaths::at(dir.path())).unwrap();
+        let mut watcher = ChangeWatcher::new(
+            &crate::paths::ProjectPaths::at(dir.path()),
+            SchemaUpgrade::Refuse,
+        )
+        .unwrap();
         new_goal(&mut kernel, "h");
         assert!(watcher.wait(Some(Duration::ZERO)).unwrap());
         assert!(!watcher.wait(Some(Duration::ZERO)).unwrap());
@@ -417,7 +446,7 @@ mod tests {
     fn reads_and_a_checkpoint_are_not_commits() {
         let (dir, kernel) = test_project::with_goal_g();
         let paths = crate::paths::ProjectPaths::at(dir.path());
-        let mut watcher = ChangeWatcher::new(&paths).unwrap();
+        let mut watcher = ChangeWatcher::new(&paths, SchemaUpgrade::Refuse).unwrap();
         kernel.goals().unwrap();
         kernel.status(None).unwrap();
         // A checkpoint writes the database file (a file event) but commits nothing.
@@ -435,7 +464,7 @@ mod tests {
     fn a_database_put_in_place_of_the_watched_one_is_a_change_and_is_watched_from_then_on() {
         let (dir, mut kernel) = test_project::with_goal_g();
         let paths = crate::paths::ProjectPaths::at(dir.path());
-        let mut watcher = ChangeWatcher::new(&paths).unwrap();
+        let mut watcher = ChangeWatcher::new(&paths, SchemaUpgrade::Refuse).unwrap();
         let copy = dir.path().join("restored.db");
         crate::kernel::doctor::backup_database(&paths, &copy).unwrap();
         {
@@ -456,12 +485,30 @@ mod tests {
             let _ = std::fs::remove_file(format!("{}{suffix}", paths.db().display()));
             let _ = std::fs::remove_file(format!("{}{suffix}", copy.display()));
         }
+        assert_eq!(watcher.replacements(), 0);
         std::fs::rename(&copy, paths.db()).unwrap();
         assert!(watcher.wait(Some(Duration::from_secs(20))).unwrap());
+        assert_eq!(watcher.replacements(), 1);
         kernel = Kernel::open(paths.clone()).unwrap();
         assert!(kernel.goals().unwrap().iter().any(|g| g.id == "restored"));
         new_goal(&mut kernel, "after");
         assert!(watcher.wait(Some(Duration::from_secs(20))).unwrap());
+    }
+
+    /// A file that is no database put at the path is waited out for a grace period (a restore
+    /// may still be copying it in), then reported as the error opening it gives.
+    #[test]
+    fn a_file_that_stays_unopenable_at_the_path_is_reported() {
+        let (dir, kernel) = test_project::with_goal_g();
+        drop(kernel);
+        let paths = crate::paths::ProjectPaths::at(dir.path());
+        let mut watcher = ChangeWatcher::new(&paths, SchemaUpgrade::Refuse).unwrap();
+        std::fs::rename(paths.db(), dir.path().join("aside.db")).unwrap();
+        std::fs::write(paths.db(), "not a database\n".repeat(300)).unwrap();
+        assert!(!watcher.wait(Some(Duration::from_millis(500))).unwrap());
+        let err = watcher.wait(Some(Duration::from_secs(20))).unwrap_err();
+        assert_eq!(err.exit_code(), 5, "{err}");
+        assert_eq!(watcher.replacements(), 0);
     }
 
     /// `.loopx/` moved aside and a copy put back: the old directory's watch is gone, so the
@@ -471,7 +518,7 @@ mod tests {
         let (dir, kernel) = test_project::with_goal_g();
         drop(kernel);
         let paths = crate::paths::ProjectPaths::at(dir.path());
-        let mut watcher = ChangeWatcher::new(&paths).unwrap();
+        let mut watcher = ChangeWatcher::new(&paths, SchemaUpgrade::Refuse).unwrap();
         let aside = dir.path().join("state-aside");
         std::fs::rename(&paths.state, &aside).unwrap();
         assert!(!watcher.wait(Some(Duration::from_millis(600))).unwrap());
@@ -491,7 +538,11 @@ mod tests {
     #[test]
     fn an_idle_project_times_out() {
         let (dir, _kernel) = test_project::with_goal_g();
-        let mut watcher = ChangeWatcher::new(&crate::paths::ProjectPaths::at(dir.path())).unwrap();
+        let mut watcher = ChangeWatcher::new(
+            &crate::paths::ProjectPaths::at(dir.path()),
+            SchemaUpgrade::Refuse,
+        )
+        .unwrap();
         assert!(!watcher.wait(Some(Duration::from_millis(50))).unwrap());
     }
 

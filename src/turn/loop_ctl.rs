@@ -20,10 +20,10 @@ use super::request::TurnRequest;
 use crate::clock::now_ms;
 use crate::error::{Result, bad_input};
 use crate::kernel::Actor;
-use crate::kernel::Kernel;
 use crate::kernel::decision::TurnRoute;
 use crate::kernel::monitor::Observation;
 use crate::kernel::watch::ChangeWatcher;
+use crate::kernel::{Kernel, SchemaUpgrade};
 use crate::model::wire_enum;
 
 pub const LOOP_SCHEMA: &str = "loopx.loop_report.v1";
@@ -502,8 +502,9 @@ pub fn run_heartbeat(
     let mut watcher = if req.once {
         None
     } else {
-        Some(ChangeWatcher::new(kernel.paths())?)
+        Some(ChangeWatcher::new(kernel.paths(), SchemaUpgrade::Apply)?)
     };
+    let mut replacements = 0;
     let mut budget = Budget::new(
         req.max_turns.unwrap_or(u32::MAX),
         req.max_consecutive_failures.max(1),
@@ -680,6 +681,12 @@ pub fn run_heartbeat(
                         .unwrap_or(now + max_sleep.as_millis() as i64);
                 }
                 sleep_until_change(w, wake, max_sleep)?;
+                // A restore put another database at the path: the next tick works on it, not
+                // on the replaced file (whose commits nobody would ever read).
+                if w.replacements() != replacements {
+                    kernel.reopen(SchemaUpgrade::Apply)?;
+                    replacements = w.replacements();
+                }
                 last = None;
                 budget.consecutive_failures = 0;
                 budget.unvalidated_turns = 0;

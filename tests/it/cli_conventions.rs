@@ -921,6 +921,56 @@ fn watch_redraws_on_every_commit() {
     }
 }
 
+/// A restore puts another database at the path while a watch is open: the next redraw shows the
+/// restored state (not the replaced file's), and a file that is no database ends the watch with
+/// exit 5 instead of leaving it showing the old one.
+#[test]
+fn watch_follows_a_restored_database() {
+    let p = support::Project::new();
+    p.goal("g");
+    p.add_todo("g", "before the backup", &[]);
+    let state = p.dir.path().join(".loopx");
+    let backup = p.dir.path().join("backup.db");
+    p.ok(&["backup", backup.to_str().unwrap()]);
+    p.add_todo("g", "after the backup", &[]);
+
+    let list = Watching::start(&p, &["todo", "list", "--goal-id", "g", "--watch"]);
+    assert!(list.blocks(1).contains("after the backup"));
+    // The documented restore: the old files moved aside, the copy put in their place.
+    let aside = p.dir.path().join("aside");
+    std::fs::create_dir(&aside).unwrap();
+    for name in ["loopx.db", "loopx.db-wal", "loopx.db-shm"] {
+        let _ = std::fs::rename(state.join(name), aside.join(name));
+    }
+    std::fs::copy(&backup, state.join("loopx.db")).unwrap();
+    let two = list.blocks(2);
+    let redraw = two.rsplit("--- ").next().unwrap();
+    assert!(redraw.contains("before the backup"), "{two}");
+    assert!(!redraw.contains("after the backup"), "{two}");
+    // Another commit, on the restored database, is drawn too.
+    p.add_todo("g", "after the restore", &[]);
+    assert!(
+        list.blocks(3)
+            .rsplit("--- ")
+            .next()
+            .unwrap()
+            .contains("after the restore")
+    );
+    assert_eq!(list.stop(), Some(0));
+
+    let mut status = p
+        .command(&["status", "--watch"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let db = state.join("loopx.db");
+    std::fs::rename(&db, aside.join("restored.db")).unwrap();
+    std::fs::write(&db, "not a database\n".repeat(300)).unwrap();
+    assert_eq!(exit_within(&mut status, 15), Some(5));
+}
+
 /// Installing a component says on a terminal that it is compiling (one install: a compile is
 /// the slow part of this suite; that progress stays out of pipes is shown by the loop above,
 /// through the same `Context::progress`).
