@@ -13,8 +13,8 @@ use crate::error::{LoopxError, Result};
 #[derive(Debug, clap::Args)]
 pub struct ManArgs {
     /// Write one page per command into DIR (loopx.1, loopx-todo.1, loopx-todo-add.1, ...), created
-    /// if absent; existing pages of the same names are replaced. Without it the top page goes to
-    /// stdout.
+    /// if absent; existing pages of the same names are replaced (the directory entry, never what
+    /// a link there points to). Without it the top page goes to stdout.
     #[arg(long, value_name = "DIR", value_parser = super::flags::path)]
     pub out: Option<PathBuf>,
 }
@@ -43,8 +43,30 @@ pub fn run(ctx: &Context, args: ManArgs) -> Result<Output> {
     let dir = ctx.absolute(&out)?;
     std::fs::create_dir_all(&dir)
         .map_err(|e| LoopxError::io(&dir, format!("creating {}", dir.display()), e))?;
+    let mut pages = Vec::new();
+    collect_pages(&cmd, &dir, &mut pages);
+    // Every name is checked before any page is written, so a refusal leaves the directory as it
+    // was.
+    for (path, _) in &pages {
+        if let Ok(meta) = std::fs::symlink_metadata(path)
+            && meta.is_dir()
+        {
+            return Err(LoopxError::io(
+                path,
+                format!(
+                    "{} is a directory, where a manual page would go; move it or choose another \
+                     --out",
+                    path.display()
+                ),
+                std::io::Error::from(std::io::ErrorKind::IsADirectory),
+            ));
+        }
+    }
     let mut written = Vec::new();
-    write_pages(&cmd, &dir, &mut written)?;
+    for (path, page) in pages {
+        replace_file(&path, page.as_bytes())?;
+        written.push(path);
+    }
     let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
     Ok(Output::new(json!({"dir": dir, "pages": names}))
         .heading(format!("Wrote {} manual pages", written.len()))
@@ -52,14 +74,31 @@ pub fn run(ctx: &Context, args: ManArgs) -> Result<Output> {
         .list(names))
 }
 
-fn write_pages(cmd: &clap::Command, dir: &Path, written: &mut Vec<PathBuf>) -> Result<()> {
+/// Each visible command's page path in `dir` and its text, the command first.
+fn collect_pages(cmd: &clap::Command, dir: &Path, pages: &mut Vec<(PathBuf, String)>) {
     let name = cmd.get_display_name().unwrap_or(cmd.get_name());
-    let path = dir.join(format!("{name}.1"));
-    std::fs::write(&path, render(cmd))
-        .map_err(|e| LoopxError::io(&path, format!("writing {}", path.display()), e))?;
-    written.push(path);
+    pages.push((dir.join(format!("{name}.1")), render(cmd)));
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        write_pages(sub, dir, written)?;
+        collect_pages(sub, dir, pages);
+    }
+}
+
+/// Puts `bytes` at `path` through a new file renamed over it: a link, a FIFO or a device left at
+/// `path` is replaced as a name, never written through or waited on.
+fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let temp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let fail = |e: std::io::Error| LoopxError::io(path, format!("writing {}", path.display()), e);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temp)
+        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|()| std::fs::rename(&temp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(fail(e));
     }
     Ok(())
 }

@@ -242,6 +242,35 @@ fn the_man_page_is_roff_and_every_command_gets_one() {
     let on_disk = std::fs::read_dir(&dir).unwrap().count();
     assert_eq!(pages.len(), on_disk);
     assert!(on_disk > 60, "{on_disk} pages");
+
+    // What sits at a page's name is replaced as a name: a link's target is left alone and a FIFO
+    // is not opened (which would wait for a reader forever).
+    let target = p.path().join("precious.txt");
+    std::fs::write(&target, "precious\n").unwrap();
+    let links = p.path().join("links");
+    std::fs::create_dir(&links).unwrap();
+    std::os::unix::fs::symlink(&target, links.join("loopx-goal.1")).unwrap();
+    let fifo = std::ffi::CString::new(links.join("loopx-todo.1").to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path that lives across the call.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let mut man = p
+        .command(&["man", "--out", "links"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert_eq!(exit_within(&mut man, 20), Some(0));
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious\n");
+    for name in ["loopx-goal.1", "loopx-todo.1"] {
+        let meta = std::fs::symlink_metadata(links.join(name)).unwrap();
+        assert!(meta.is_file(), "{name}: {meta:?}");
+    }
+    // A directory at a page's name is refused before any page is written.
+    let blocked = p.path().join("blocked");
+    std::fs::create_dir_all(blocked.join("loopx-todo-add.1")).unwrap();
+    let r = p.run(&["man", "--out", "blocked"]);
+    assert_eq!(r.code, 6, "{}", r.stderr);
+    assert!(r.stderr.contains("loopx-todo-add.1"), "{}", r.stderr);
+    assert_eq!(std::fs::read_dir(&blocked).unwrap().count(), 1);
 }
 
 /// Argument errors under `--format json` (before or after the command) print the envelope every
