@@ -102,14 +102,6 @@ pub fn run(ctx: &Context, args: StartGoalArgs) -> Result<Output> {
         Some(p) => ctx.absolute(&p)?,
         None => ctx.cwd()?.to_path_buf(),
     };
-    // `start-goal` initializes a directory that has no project; a `.loopx/` whose database is
-    // gone is a lost project, which only an explicit `loopx init` may replace.
-    let paths = ProjectPaths::at(&project);
-    if !paths.db().is_file() {
-        paths.refuse_lost_database()?;
-    }
-    let initialized = Kernel::init(&project)?.is_some();
-    let mut kernel = Kernel::open(ProjectPaths::at(&project))?;
     let title: String = match &answers {
         Some(a) => a.title.clone(),
         None => text
@@ -120,21 +112,31 @@ pub fn run(ctx: &Context, args: StartGoalArgs) -> Result<Output> {
             .take(120)
             .collect(),
     };
-    let actor = ctx.operator_or_agent();
-    let goal = kernel.create_goal(
-        &actor,
-        NewGoal {
-            title,
-            objective: Some(text),
-            project_dir: Some(project.display().to_string()),
-            ..Default::default()
-        },
-    )?;
-    let g = &goal.id;
-    let mut added = Vec::new();
-    for title in answers.iter().flat_map(|a| &a.todos) {
-        added.push(kernel.add_todo(&actor, g, NewTodo::task(title))?);
+    let new = NewGoal {
+        title,
+        objective: Some(text),
+        project_dir: Some(project.display().to_string()),
+        ..Default::default()
+    };
+    let first_todos: Vec<NewTodo> = answers
+        .iter()
+        .flat_map(|a| &a.todos)
+        .map(|t| NewTodo::task(t))
+        .collect();
+    // Refused input leaves the directory as it was: no project initialized for a goal that is
+    // then not created.
+    Kernel::check_new_goal(&new, &first_todos)?;
+    // `start-goal` initializes a directory that has no project; a `.loopx/` whose database is
+    // gone is a lost project, which only an explicit `loopx init` may replace.
+    let paths = ProjectPaths::at(&project);
+    if !paths.db().is_file() {
+        paths.refuse_lost_database()?;
     }
+    let initialized = Kernel::init(&project)?.is_some();
+    let mut kernel = Kernel::open(ProjectPaths::at(&project))?;
+    let actor = ctx.operator_or_agent();
+    let (goal, added) = kernel.create_goal_with_todos(&actor, new, first_todos)?;
+    let g = &goal.id;
     let next = vec![
         format!("loopx todo add --goal-id {g} --title \"[P1] first bounded step\""),
         format!("loopx --format json quota should-run --goal-id {g}"),

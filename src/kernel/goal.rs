@@ -10,12 +10,14 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::monitor::{Observation, check_probe, classify, truncate};
+use super::todo::NewTodo;
+use super::todo::write::{check_new_todo_text, insert_new_todo};
 use super::{Actor, Kernel, log_op, require_goal};
 use crate::clock::now_ms;
 use crate::error::{Param, Result, bad_input, conflict, msg, refused};
 use crate::ids::{slug, validate_token};
 use crate::model::monitor::GOAL_PROBE_OBSERVATION_BYTES;
-use crate::model::{CheckResult, Goal, GoalProbe, GoalStatus, ProbeSpec};
+use crate::model::{CheckResult, Goal, GoalProbe, GoalStatus, ProbeSpec, Todo};
 
 /// What a caller supplies to create a goal.
 #[derive(Debug, Clone, Default)]
@@ -60,7 +62,14 @@ fn check_goal_text(new: &NewGoal) -> Result<()> {
 
 impl Kernel {
     pub fn create_goal(&mut self, actor: &Actor, new: NewGoal) -> Result<Goal> {
-        let title = new.title.trim().to_string();
+        self.create_goal_with_todos(actor, new, Vec::new())
+            .map(|(goal, _)| goal)
+    }
+
+    /// Checks a goal and its first todos as [`Kernel::create_goal_with_todos`] would, without a
+    /// store: `start-goal` refuses bad input before it initializes a project.
+    pub fn check_new_goal(new: &NewGoal, first_todos: &[NewTodo]) -> Result<()> {
+        let title = new.title.trim();
         if title.is_empty() {
             return Err(bad_input(msg![
                 "goal title is empty; pass ",
@@ -77,7 +86,19 @@ impl Kernel {
         if let Some(id) = &new.id {
             validate_token("goal id", id)?;
         }
-        check_goal_text(&new)?;
+        check_goal_text(new)?;
+        first_todos.iter().try_for_each(check_new_todo_text)
+    }
+
+    /// Creates a goal and its first todos in one transaction: all of them or, refused, none.
+    pub fn create_goal_with_todos(
+        &mut self,
+        actor: &Actor,
+        new: NewGoal,
+        first_todos: Vec<NewTodo>,
+    ) -> Result<(Goal, Vec<Todo>)> {
+        Kernel::check_new_goal(&new, &first_todos)?;
+        let title = new.title.trim().to_string();
         let goal = self.write(|tx| {
             let id = match new.id {
                 Some(id) => {
@@ -123,11 +144,23 @@ impl Kernel {
                 "goal_create",
                 json!({"title": goal.title}),
             )?;
-            Ok(goal)
+            let mut todos = Vec::with_capacity(first_todos.len());
+            for new in first_todos {
+                let todo = insert_new_todo(tx, &goal.id, new, now)?;
+                log_op(
+                    tx,
+                    Some(&goal.id),
+                    actor,
+                    "todo_add",
+                    json!({"todo_id": todo.id, "kind": todo.kind}),
+                )?;
+                todos.push(todo);
+            }
+            Ok((goal, todos))
         })?;
         let registry = self.write_registry_projection();
         self.after_commit("writing registry.json", registry);
-        let files = self.write_goal_projection(&goal.id);
+        let files = self.write_goal_projection(&goal.0.id);
         self.after_commit("writing the goal's state files", files);
         Ok(goal)
     }

@@ -600,45 +600,33 @@ fn start_goal_guided_refuses_without_a_terminal() {
 /// from a pipe: title, objective, two todos, an empty line to finish.
 #[test]
 fn start_goal_guided_asks_on_a_terminal() {
-    if std::process::Command::new("script")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
+    let p = support::Project::empty();
+    // A todo over the title limit refuses the whole session, before anything is written.
+    let long = format!("Title\nobjective\ntodo ok\n{}\n\n", "x".repeat(600));
+    let Some((code, screen)) = guided_session(&p, &long) else {
         eprintln!("skipped: util-linux `script` is not installed");
         return;
-    }
-    let p = support::Project::empty();
-    let line = format!("{} start-goal --guided", support::loopx_bin());
-    let mut cmd = std::process::Command::new("script");
-    cmd.args(["-qec", &line, "/dev/null"]).current_dir(p.path());
-    for k in [
-        "LOOPX_ROOT",
-        "LOOPX_TURN_KEY",
-        "LOOPX_AGENT_ID",
-        "LOOPX_CLAIM_KEY",
-    ] {
-        cmd.env_remove(k);
-    }
-    let mut child = cmd
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(
-            "Починить сборку\nThe build is green\nfix the linker flags\nrun the tests\n\n"
-                .as_bytes(),
-        )
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let screen = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{screen}");
+    };
+    assert_eq!(code, Some(2), "{screen}");
+    assert!(screen.contains("todo title is 600 bytes"), "{screen}");
+    assert!(
+        !p.path().join(".loopx").exists(),
+        "a refused start left a project"
+    );
+    // So does text over its limit given with --goal-text.
+    let r = p.run(&["start-goal", "--goal-text", &"word ".repeat(20_000)]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        !p.path().join(".loopx").exists(),
+        "a refused start left a project"
+    );
+
+    let (code, screen) = guided_session(
+        &p,
+        "Починить сборку\nThe build is green\nfix the linker flags\nrun the tests\n\n",
+    )
+    .unwrap();
+    assert_eq!(code, Some(0), "{screen}");
     for question in [
         "Goal title",
         "What does success look like?",
@@ -712,6 +700,44 @@ fn inspect_registry_prints_the_library_inspection() {
 
 /// `script` runs `line` on a pseudo-terminal in the project and returns what the terminal
 /// showed, or `None` when util-linux `script` is not installed.
+/// `start-goal --guided` on a terminal (util-linux `script`), answered with `input`; `None`
+/// without `script`.
+fn guided_session(p: &support::Project, input: &str) -> Option<(Option<i32>, String)> {
+    std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .ok()?;
+    let line = format!("{} start-goal --guided", support::loopx_bin());
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &line, "/dev/null"]).current_dir(p.path());
+    for k in [
+        "LOOPX_ROOT",
+        "LOOPX_TURN_KEY",
+        "LOOPX_AGENT_ID",
+        "LOOPX_CLAIM_KEY",
+    ] {
+        cmd.env_remove(k);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    Some((
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    ))
+}
+
 fn on_a_terminal(p: &support::Project, line: &str) -> Option<(i32, String)> {
     std::process::Command::new("script")
         .arg("--version")

@@ -131,14 +131,10 @@ pub(crate) fn authorize_write(todo: &Todo, actor: &Actor) -> Result<()> {
     }
 }
 
-/// Inserts a todo after validating it against the goal. Shared by `todo add` and admission.
-pub(crate) fn insert_new_todo(
-    tx: &dyn StoreTx,
-    goal_id: &str,
-    new: NewTodo,
-    now: i64,
-) -> Result<Todo> {
-    let (prefix_priority, title) = split_priority_prefix(&new.title);
+/// A new todo's title and detail within their limits, checked without the store (so a command
+/// that writes several things can refuse before it writes any).
+pub(crate) fn check_new_todo_text(new: &NewTodo) -> Result<()> {
+    let (_, title) = split_priority_prefix(&new.title);
     if title.is_empty() {
         return Err(bad_input(msg![
             "todo title is empty; pass ",
@@ -147,7 +143,18 @@ pub(crate) fn insert_new_todo(
         ]));
     }
     check_len("todo title", &title, MAX_TITLE)?;
-    check_len("todo detail", &new.detail, MAX_TEXT)?;
+    check_len("todo detail", &new.detail, MAX_TEXT)
+}
+
+/// Inserts a todo after validating it against the goal. Shared by `todo add` and admission.
+pub(crate) fn insert_new_todo(
+    tx: &dyn StoreTx,
+    goal_id: &str,
+    new: NewTodo,
+    now: i64,
+) -> Result<Todo> {
+    check_new_todo_text(&new)?;
+    let (prefix_priority, title) = split_priority_prefix(&new.title);
     let role = match new.kind {
         TodoKind::UserGate | TodoKind::UserAction => Role::User,
         TodoKind::Task | TodoKind::Monitor => Role::Agent,
