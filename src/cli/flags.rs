@@ -193,6 +193,25 @@ pub fn render_value_error(e: &clap::Error) -> Option<String> {
     Some(format!("error: {flag}{value} {reason}\n"))
 }
 
+/// The message of an unknown flag or subcommand holding control characters, built from the exact
+/// word given: clap's own rendering drops escape sequences from it, so such a word would show
+/// neither as typed (text, made inert by the caller) nor exactly (JSON). `None` for every other
+/// error, which clap renders with its suggestions.
+pub fn unknown_word_message(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let (kind, context) = match e.kind() {
+        ErrorKind::UnknownArgument => ("unexpected argument", ContextKind::InvalidArg),
+        ErrorKind::InvalidSubcommand => ("unrecognized subcommand", ContextKind::InvalidSubcommand),
+        _ => return None,
+    };
+    match e.get(context) {
+        Some(ContextValue::String(word)) if word.chars().any(char::is_control) => {
+            Some(format!("{kind} '{word}'"))
+        }
+        _ => None,
+    }
+}
+
 /// The flag, the exact value and the reason of a value a parser above or clap's set of values
 /// refused; `None` for every other error. JSON error messages quote the value whole: JSON keeps the exact text.
 pub fn value_error_parts(e: &clap::Error) -> Option<(String, Option<String>, String)> {
@@ -211,7 +230,11 @@ pub fn value_error_parts(e: &clap::Error) -> Option<(String, Option<String>, Str
         // other reasons.
         ErrorKind::InvalidValue => match e.get(ContextKind::ValidValue) {
             Some(ContextValue::Strings(values)) if value.as_deref() == Some("") => {
-                let reason = format!("needs a value: one of {}", values.join(", "));
+                let reason = if values.is_empty() {
+                    "needs a value".to_string()
+                } else {
+                    format!("needs a value: one of {}", values.join(", "))
+                };
                 return Some((flag, None, reason));
             }
             Some(ContextValue::Strings(values)) => {

@@ -631,11 +631,17 @@ fn argument_error_text(
         .flatten();
     let text = match &not_utf8 {
         Some(message) => format!("error: {message}\n"),
-        None => flags::render_value_error(e).unwrap_or_else(|| e.render().to_string()),
+        None => flags::render_value_error(e)
+            .or_else(|| {
+                flags::unknown_word_message(e)
+                    .map(|m| format!("error: {m}\n\nFor more information, try '--help'.\n"))
+            })
+            .unwrap_or_else(|| e.render().to_string()),
     };
     if json_requested(args) {
         let message = match flags::value_error_parts(e) {
             _ if let Some(message) = not_utf8 => message,
+            _ if let Some(message) = flags::unknown_word_message(e) => message,
             Some((flag, Some(value), reason)) => format!("{flag} '{value}' {reason}"),
             _ if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
                 missing_command_message(&text)
@@ -726,8 +732,14 @@ fn argument_error_message(rendered: &str) -> String {
             Some(usage) => format!("usage: {usage}"),
             None => l.to_string(),
         })
-        .collect::<Vec<_>>()
-        .join("; ")
+        .fold(String::new(), |mut message, line| {
+            // A line that announces a list ("...were not provided:") runs on into it.
+            if !message.is_empty() {
+                message.push_str(if message.ends_with(':') { " " } else { "; " });
+            }
+            message.push_str(&line);
+            message
+        })
 }
 
 /// Writes a command's output. A reader that went away (`loopx ... | head -1`) is not an error:

@@ -350,6 +350,7 @@ fn argument_errors_speak_json_when_asked() {
             &["--priority"][..],
             "--priority needs a value: one of P0, P1, P2, P3, P4",
         ),
+        (&["--detail"][..], "--detail needs a value"),
     ] {
         let mut args = vec![
             "--format",
@@ -366,6 +367,39 @@ fn argument_errors_speak_json_when_asked() {
         assert_eq!(run.code, 2, "{run:?}");
         assert_eq!(run.json()["error"]["message"], expected);
         assert_eq!(run.stderr, format!("loopx: error: {expected}\n"));
+    }
+    // A missing required flag runs on into the list of what is missing.
+    let missing = p.run(&["--format", "json", "goal", "create"]).json();
+    assert_eq!(
+        missing["error"]["message"],
+        "the following required arguments were not provided: --title <TITLE>; usage: loopx goal \
+         create --title <TITLE>"
+    );
+    // An unknown word that would drive a terminal is quoted exactly in JSON and escaped in text
+    // (clap's own text drops the escape sequences, so neither would show what was typed).
+    let word = "A\u{1b}[2JB\u{8}C";
+    for (args, kind) in [
+        (vec!["goal", word], "unrecognized subcommand"),
+        (
+            vec!["goal", "list", "--A\u{1b}[2JB\u{8}C"],
+            "unexpected argument",
+        ),
+    ] {
+        let text = p.run(&args);
+        assert_eq!(text.code, 2, "{text:?}");
+        assert!(
+            text.stderr.contains(&format!("{kind} '"))
+                && text.stderr.contains("\\u{1b}[2JB\\u{8}C"),
+            "{}",
+            text.stderr
+        );
+        assert!(!text.stderr.contains('\u{1b}'), "{:?}", text.stderr);
+        let json = p.run(&[&["--format", "json"][..], &args].concat()).json();
+        let message = json["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(kind) && message.contains(word),
+            "{message:?}"
+        );
     }
     // A group without its command names the commands, not the whole help page.
     let group = p.run(&["--format", "json", "todo"]).json();
