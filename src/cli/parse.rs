@@ -27,15 +27,47 @@ pub(super) fn parse_args() -> Result<Cli, clap::Error> {
 /// receives each tree built once it is no longer needed (the matches are always forgotten).
 fn parse_from(args: Vec<OsString>, release: fn(clap::Command)) -> Result<Cli, clap::Error> {
     let mut command = tree_for(&args, release);
+    let repeated_format = format_given_twice(&args);
     let parsed = command
         .try_get_matches_from_mut(args)
         .and_then(|mut matches| {
             let cli = Cli::from_arg_matches_mut(&mut matches);
             std::mem::forget(matches);
             cli.map_err(|e| e.format(&mut Cli::command()))
+        })
+        .and_then(|cli| {
+            // clap checks a global flag's conflicts and repeats within one level only; given
+            // once before the command and once after it, they would pass unnoticed.
+            use clap::error::ErrorKind::ArgumentConflict;
+            if cli.quiet == Some(true) && cli.verbose == Some(true) {
+                return Err(command.error(
+                    ArgumentConflict,
+                    "the argument '--quiet' cannot be used with '--verbose'",
+                ));
+            }
+            if repeated_format {
+                return Err(command.error(
+                    ArgumentConflict,
+                    "the argument '--format <FORMAT>' cannot be used multiple times",
+                ));
+            }
+            Ok(cli)
         });
     release(command);
     parsed
+}
+
+/// Whether `--format` appears more than once before `--` (what follows belongs to a host).
+fn format_given_twice(args: &[OsString]) -> bool {
+    args.iter()
+        .skip(1)
+        .take_while(|a| *a != "--")
+        .filter(|a| {
+            a.to_str()
+                .is_some_and(|a| a == "--format" || a.starts_with("--format="))
+        })
+        .count()
+        > 1
 }
 
 /// The whole tree, pruned to the top-level subcommand `args` invoke when they name one (the
@@ -135,6 +167,26 @@ mod tests {
             Ok(cli) => format!("{cli:?}"),
             Err(e) => format!("{:?}\n{}", e.kind(), e.render()),
         }
+    }
+
+    #[test]
+    fn a_format_after_the_hosts_double_dash_is_the_hosts() {
+        let args = |words: &[&str]| -> Vec<OsString> {
+            std::iter::once("loopx")
+                .chain(words.iter().copied())
+                .map(OsString::from)
+                .collect()
+        };
+        assert!(!format_given_twice(&args(&[
+            "--format", "json", "turn", "run", "--", "h", "--format", "x"
+        ])));
+        assert!(format_given_twice(&args(&[
+            "--format=json",
+            "status",
+            "--format",
+            "text"
+        ])));
+        assert!(!format_given_twice(&args(&["status", "--format", "json"])));
     }
 
     #[test]

@@ -851,8 +851,21 @@ fn quiet_verbose_and_progress() {
         "{}",
         verbose.stderr
     );
-    let both = p.run(&["-q", "-v", "status"]);
-    assert_eq!(both.code, 2, "{both:?}");
+    // Either side of the command: clap alone checks one level at a time.
+    for args in [
+        &["-q", "-v", "status"][..],
+        &["-q", "status", "-v"],
+        &["-v", "status", "-q"],
+        &["--format", "json", "status", "--format", "text"],
+        &["--format=json", "status", "--format=json"],
+    ] {
+        let refused = p.run(args);
+        assert_eq!(refused.code, 2, "{args:?}: {refused:?}");
+        assert!(
+            refused.stdout.is_empty() || refused.json()["ok"] == false,
+            "{refused:?}"
+        );
+    }
 
     // On a terminal the loop says what it is doing before it waits; -q silences that too.
     let bin = support::loopx_bin();
