@@ -38,7 +38,8 @@ pub struct LoopArgs {
     /// (instead of sleeping until something is).
     #[arg(long)]
     pub until_idle: bool,
-    /// Longest sleep between decisions (default: 1 with --until-idle, else 60).
+    /// Longest sleep between decisions (default: 1 with --until-idle, 3600 with --watch or
+    /// --once, else 60).
     #[arg(long, allow_hyphen_values = true, value_parser = super::flags::max_sleep_seconds)]
     pub max_sleep_seconds: Option<u64>,
     /// Failed turns in a row after which the loop stops with `repair`.

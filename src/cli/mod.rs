@@ -521,10 +521,12 @@ pub fn main(wasm: WasmDispatch) -> i32 {
         Err(e) if e.use_stderr() => return argument_error(&e, std::env::args_os()),
         Err(e) => {
             // `--help` and `--version`: clap's own text, unchanged by `--format`, styled as clap
-            // styles it (only on a terminal, and not under NO_COLOR), and written like any
-            // output: a stdout that refuses it is exit 6, as for every command.
+            // styles it (bold and underlined headings, only on a terminal, and not when NO_COLOR
+            // is set to anything but the empty string, as no-color.org asks), and written like
+            // any output: a stdout that refuses it is exit 6, as for every command.
             use std::io::IsTerminal;
-            let styled = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            let styled = std::io::stdout().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
             let text = if styled {
                 e.render().ansi().to_string()
             } else {

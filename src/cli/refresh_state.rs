@@ -14,7 +14,8 @@ pub struct RefreshStateArgs {
     /// The goal to record a run for; omit to re-create all projections (no run is recorded).
     #[arg(long)]
     pub goal_id: Option<String>,
-    /// The agent the run is recorded for (default: LOOPX_AGENT_ID, then "agent").
+    /// The agent the run is recorded for (default: LOOPX_AGENT_ID; without either, the run is
+    /// the operator's).
     #[arg(long)]
     pub agent_id: Option<String>,
     /// The todo this run worked on.

@@ -25,8 +25,8 @@ pub struct AgentProof {
     /// The agent making the write (default: LOOPX_AGENT_ID; without either, the operator writes).
     #[arg(long)]
     pub agent_id: Option<String>,
-    /// The fence returned by `todo claim`.
-    #[arg(long, allow_hyphen_values = true, value_parser = super::flags::fence)]
+    /// The fence returned by `todo claim` (instead of --claim-key: one proof, not two to reconcile).
+    #[arg(long, allow_hyphen_values = true, value_parser = super::flags::fence, conflicts_with = "claim_key")]
     pub fence: Option<i64>,
     /// The idempotency key the claim was made with (default: LOOPX_CLAIM_KEY).
     #[arg(long)]
@@ -474,7 +474,7 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
 // commands.
 #[derive(Debug, Args, Default)]
 pub struct ScheduleArgs {
-    /// Monitors: how often the check runs, e.g. 30s, 15m, 1h, 1d (required for --kind monitor).
+    /// Monitors: how often the check runs, e.g. 30s, 15m, 1h, 1d (a new monitor needs it).
     #[arg(long, allow_hyphen_values = true, value_parser = cadence)]
     pub every: Option<std::time::Duration>,
     /// Monitors: when the monitor ends; deferred todos: when they resume. RFC 3339 UTC
@@ -489,7 +489,8 @@ pub struct ScheduleArgs {
     /// Monitors: a material change records evidence only, no follow-up todo.
     #[arg(long, conflicts_with = "on_change")]
     pub watch_only: bool,
-    /// Monitors: what a material change opens: open_todo (an agent todo, default) or replan.
+    /// Monitors: what a material change opens: open_todo (an agent todo, default), replan, or
+    /// none (evidence only, as --watch-only).
     #[arg(long, value_parser = super::flags::wire::<MonitorFollowUp>())]
     pub on_change: Option<MonitorFollowUp>,
     /// Monitors: quiet checks in a row before the cadence backs off (x2, x4, x8; default 3).

@@ -734,6 +734,39 @@ fn inspect_registry_prints_the_library_inspection() {
 
 /// `script` runs `line` on a pseudo-terminal in the project and returns what the terminal
 /// showed, or `None` when util-linux `script` is not installed.
+/// `--help` on a terminal styles its headings, unless NO_COLOR holds a value (an empty one does
+/// not count, as no-color.org says); into a pipe it is plain.
+#[test]
+fn help_styling_follows_the_terminal_and_no_color() {
+    let p = support::Project::new();
+    let line = format!("{} goal --help", support::loopx_bin());
+    let styled = |no_color: Option<&str>| -> Option<bool> {
+        std::process::Command::new("script")
+            .arg("--version")
+            .output()
+            .ok()?;
+        let mut cmd = std::process::Command::new("script");
+        cmd.args(["-qec", &line, "/dev/null"])
+            .current_dir(p.path())
+            .stdin(std::process::Stdio::null())
+            .env_remove("NO_COLOR");
+        if let Some(v) = no_color {
+            cmd.env("NO_COLOR", v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        Some(out.stdout.contains(&0x1b))
+    };
+    let Some(plain_terminal) = styled(None) else {
+        eprintln!("skipped: util-linux `script` is not installed");
+        return;
+    };
+    assert!(plain_terminal);
+    assert_eq!(styled(Some("")), Some(true));
+    assert_eq!(styled(Some("1")), Some(false));
+    assert!(!p.run(&["goal", "--help"]).stdout.contains('\u{1b}'));
+}
+
 /// `start-goal --guided` on a terminal (util-linux `script`), answered with `input`; `None`
 /// without `script`.
 fn guided_session(p: &support::Project, input: &str) -> Option<(Option<i32>, String)> {
@@ -858,6 +891,19 @@ fn quiet_verbose_and_progress() {
         &["-v", "status", "-q"],
         &["--format", "json", "status", "--format", "text"],
         &["--format=json", "status", "--format=json"],
+        // One lease proof, not two to reconcile.
+        &[
+            "todo",
+            "complete",
+            "--goal-id",
+            "g",
+            "--todo-id",
+            "t1",
+            "--fence",
+            "1",
+            "--claim-key",
+            "k",
+        ],
     ] {
         let refused = p.run(args);
         assert_eq!(refused.code, 2, "{args:?}: {refused:?}");
