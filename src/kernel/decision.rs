@@ -260,13 +260,7 @@ impl Decision {
                 "claim_key": s.claim_key,
                 "claim_required_before_work": s.selected_by == SelectedBy::Ready,
             })),
-            "quota": {
-                "allowed_slots": self.quota.allowed_slots,
-                "spent_slots": self.quota.spent_slots,
-                "remaining_slots": self.quota.remaining_slots,
-                "agent_spent_slots": self.quota.agent_spent_slots,
-                "state": self.quota.state,
-            },
+            "quota": self.quota.to_json(),
             "interaction_contract": {
                 "mode": mode,
                 "user_channel": {
