@@ -228,11 +228,11 @@ pub(crate) fn claim_in_tx(tx: &dyn StoreTx, req: &ClaimRequest, now: i64) -> Res
                     });
                 }
             }
-            let Some(todo) = tx.ready_todos(&req.goal_id, now, 1)?.pop() else {
+            let Some(todo) = super::decision::next_claimable(tx, &req.goal_id, now)? else {
                 return Err(not_found(msg![
                     format!(
                         "no ready todo in goal '{}' for agent '{}': every open todo is claimed, \
-                         waiting on a dependency, or done (",
+                         waiting on a dependency, a monitor not yet due, or done (",
                         req.goal_id, req.agent_id
                     ),
                     NextAction::ListTodos {

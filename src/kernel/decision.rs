@@ -628,6 +628,35 @@ fn ready_work(tx: &dyn StoreRead, goal_id: &str, now: i64, monitors: i64) -> Res
     }
 }
 
+/// What a claim without a todo id takes: what the decision hands an agent, a due monitor that
+/// agents check first, then the best ready todo that is not a scheduled monitor. A monitor
+/// that is not due, or that the heartbeat checks through a provider, is never taken this way.
+pub(crate) fn next_claimable(tx: &dyn StoreRead, goal_id: &str, now: i64) -> Result<Option<Todo>> {
+    let schedule = super::monitor::schedule_in_tx(tx, goal_id, now)?;
+    if let Some(due) = schedule.due.as_ref().filter(|m| m.monitor.probe.is_none())
+        && let Some(todo) = tx.todo(goal_id, &due.monitor.todo_id)?
+    {
+        return Ok(Some(todo));
+    }
+    ready_work(tx, goal_id, now, schedule.active)
+}
+
+/// Whether a ready todo is an agent's work now: any todo but a scheduled monitor; a scheduled
+/// monitor only while due and checked by an agent (a provider-backed one is the heartbeat's).
+pub(crate) fn is_agent_work_now(tx: &dyn StoreRead, todo: &Todo, now: i64) -> Result<bool> {
+    if todo.kind != crate::model::TodoKind::Monitor {
+        return Ok(true);
+    }
+    Ok(match tx.monitor(&todo.goal_id, &todo.id)? {
+        None => true,
+        Some(m) => {
+            m.probe.is_none()
+                && !m.expired(now)
+                && m.due_at(todo.last_fence, todo.updated_at) <= now
+        }
+    })
+}
+
 impl Kernel {
     /// The decision for `agent_id` on `goal_id`. A pure read.
     pub fn should_run(&self, goal_id: &str, agent_id: &str) -> Result<Decision> {

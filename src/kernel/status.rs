@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::decision::{InstalledCapabilities, missing_capabilities};
+use super::decision::{InstalledCapabilities, is_agent_work_now, missing_capabilities};
 use super::quota::{QuotaState, QuotaView, view_in_tx};
 use super::{Kernel, require_goal};
 use crate::clock::now_ms;
@@ -109,7 +109,12 @@ fn goal_status(
     let gid = goal.id.clone();
     let quota = view_in_tx(tx, &gid, None, now)?;
     let user = tx.open_user_todos(&gid)?;
-    let ready = tx.ready_todos(&gid, now, 50)?;
+    let mut ready = Vec::new();
+    for todo in tx.ready_todos(&gid, now, 50)? {
+        if is_agent_work_now(tx, &todo, now)? {
+            ready.push(todo);
+        }
+    }
     let latest_run_id = tx.latest_run(&gid, None)?.map(|r| r.id);
     let ready_count = ready.len();
     if goal.status == GoalStatus::Paused {

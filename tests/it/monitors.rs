@@ -1101,3 +1101,62 @@ fn the_commands_should_run_names_for_a_due_monitor_run_as_given() {
     assert_eq!(m["todo"]["monitor"]["checks"], 1, "{m}");
     assert_eq!(m["todo"]["monitor"]["last_result"], "baseline", "{m}");
 }
+
+/// A monitor that is not due is nobody's work: the attention queue does not list it as ready
+/// work and a claim without a todo id does not take it, as `should-run` says to wait; once due,
+/// the claim takes it before ordinary work, as the decision would hand it.
+#[test]
+fn a_monitor_not_due_is_neither_ready_work_nor_claimed_by_a_bare_claim() {
+    let p = project();
+    freeze(&p, T0);
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "m",
+        "--kind",
+        "monitor",
+        "--every",
+        "1h",
+        "--title",
+        "nightly benchmark",
+    ]);
+    assert_eq!(check(&p, "m", "same")["result"], "baseline");
+    freeze(&p, T0 + 10 * MINUTE);
+    assert_eq!(should_run(&p)["decision"], "skip");
+    let status = p.json(&["status", "--goal-id", "g"]);
+    assert!(
+        status["attention"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["kind"] != "work"),
+        "{status}"
+    );
+    assert_eq!(status["goals"][0]["ready_count"], 0, "{status}");
+    let bare = p.run(&["todo", "claim", "--goal-id", "g", "--agent-id", "z"]);
+    assert_eq!(bare.code, 3, "{bare:?}");
+    // With ordinary work beside it, the bare claim takes the work.
+    p.ok(&[
+        "todo",
+        "add",
+        "--goal-id",
+        "g",
+        "--id",
+        "w",
+        "--title",
+        "work",
+    ]);
+    let claimed = p.json(&["todo", "claim", "--goal-id", "g", "--agent-id", "z"]);
+    assert_eq!(claimed["todo"]["id"], "w", "{claimed}");
+    // Due again (and z's lease on w run out): the monitor is the agent's work again, and a
+    // bare claim takes it first, as the decision hands it first.
+    freeze(&p, T0 + 2 * HOUR);
+    let status = p.json(&["status", "--goal-id", "g"]);
+    assert_eq!(status["goals"][0]["ready_count"], 2, "{status}");
+    assert_eq!(status["goals"][0]["top_agent_todo"]["id"], "m", "{status}");
+    let claimed = p.json(&["todo", "claim", "--goal-id", "g", "--agent-id", "y"]);
+    assert_eq!(claimed["todo"]["id"], "m", "{claimed}");
+}
