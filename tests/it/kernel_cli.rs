@@ -1244,3 +1244,68 @@ fn the_attention_queue_names_each_goals_missing_capabilities() {
         assert_eq!(d["route"] == "repair_required", repair, "{g}: {d}");
     }
 }
+
+/// An agent that lost the answer to its completion runs the same command again, proof
+/// included: the answer is the completion's (`changed: false`, exit 0), and the repeat writes
+/// nothing, not even its evidence a second time.
+#[test]
+fn a_completion_repeated_with_its_lease_proof_is_answered_unchanged() {
+    let p = Project::new();
+    let g = p.goal("retry");
+    let t = p.add_todo(&g, "work", &[]);
+    p.json(&[
+        "todo",
+        "claim",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "a",
+        "--idempotency-key",
+        "kk",
+    ]);
+    for proof in [
+        &["--claim-key", "kk"][..],
+        &["--claim-key", "kk"],
+        &["--fence", "1"],
+    ] {
+        let args = [
+            &[
+                "todo",
+                "complete",
+                "--goal-id",
+                &g,
+                "--todo-id",
+                &t,
+                "--agent-id",
+                "a",
+                "--evidence",
+                "done",
+            ][..],
+            proof,
+        ]
+        .concat();
+        let r = p.json(&args);
+        assert_eq!(r["todo"]["status"], "completed", "{r}");
+    }
+    let before = p.snapshot();
+    let r = p.json(&[
+        "todo",
+        "complete",
+        "--goal-id",
+        &g,
+        "--todo-id",
+        &t,
+        "--agent-id",
+        "a",
+        "--claim-key",
+        "kk",
+        "--evidence",
+        "done",
+    ]);
+    assert_eq!(r["changed"], false, "{r}");
+    assert_eq!(before, p.snapshot(), "a repeat wrote");
+    let shown = p.json(&["todo", "show", "--goal-id", &g, "--todo-id", &t]);
+    assert_eq!(shown["evidence"].as_array().unwrap().len(), 1, "{shown}");
+}

@@ -172,6 +172,21 @@ impl Kernel {
                 require_goal(tx, goal_id)?;
             }
             let mut todo = require_todo(tx, goal_id, todo_id)?;
+            // A completion repeated with the lease proof it was made with (an agent retrying a
+            // command whose answer it lost) finds the lease ended by that completion, so the
+            // proof can no longer be checked: the answer is the completion's, nothing changed,
+            // and nothing is written (no evidence from a proof that cannot be verified).
+            if patch.status == Some(TodoStatus::Completed)
+                && todo.status == TodoStatus::Completed
+                && todo.claim.is_none()
+                && matches!(actor, Actor::Agent { proof: Some(_), .. })
+            {
+                return Ok(TodoChange {
+                    todo,
+                    changed: false,
+                    evidence_id: None,
+                });
+            }
             authorize_write(&todo, actor)?;
             let now = now_ms();
             if patch.status.is_some() {
