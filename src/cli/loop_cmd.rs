@@ -117,7 +117,7 @@ pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
             m
         },
     );
-    Ok(Output::new(json!({ "loop": report }))
+    let out = Output::new(json!({ "loop": report }))
         .heading(format!(
             "Loop of {} on {}: {} turn(s), stopped: {}",
             report.agent_id,
@@ -143,7 +143,17 @@ pub fn run(ctx: &Context, args: LoopArgs) -> Result<Output> {
             ),
             ("recovered turns", recovered(&report.recovered_turns)),
         ])
-        .table(&["#", "todo", "kind", "time", "turn"], rows))
+        .table(&["#", "todo", "kind", "time", "turn"], rows);
+    Ok(with_warnings(out, &report.warnings))
+}
+
+/// The report's warnings (each once) under its text, as `turn run` lists a turn's.
+fn with_warnings(out: Output, warnings: &[String]) -> Output {
+    if warnings.is_empty() {
+        out
+    } else {
+        out.list(warnings.to_vec())
+    }
 }
 
 /// The turns of dead drivers a loop settled while it waited, for its text report.
@@ -199,7 +209,7 @@ fn heartbeat(ctx: &Context, args: LoopArgs) -> Result<Output> {
             ]
         })
         .collect();
-    Ok(Output::new(json!({ "heartbeat": report }))
+    let out = Output::new(json!({ "heartbeat": report }))
         .heading(format!(
             "Heartbeat of {} on {}: {} tick(s), {} check(s), {} turn(s)",
             report.agent_id,
@@ -225,5 +235,6 @@ fn heartbeat(ctx: &Context, args: LoopArgs) -> Result<Output> {
             ),
             ("interrupted", report.interrupted.to_string()),
         ])
-        .table(&["monitor", "check", "result", "follow-up", "detail"], rows))
+        .table(&["monitor", "check", "result", "follow-up", "detail"], rows);
+    Ok(with_warnings(out, &report.warnings))
 }

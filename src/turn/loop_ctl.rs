@@ -288,6 +288,9 @@ pub fn run_loop(
                 let mut turn = req.turn.clone();
                 turn.turn_key = None;
                 let outcome = run_turn(kernel, &turn)?;
+                // A turn's warnings (a host run without isolation, a projection not written)
+                // are the loop's too: its text shows the report's, once each.
+                warnings.extend(outcome.warnings.iter().cloned());
                 if outcome.kind.is_none() {
                     // Another agent took the work between the decision and the claim, or another
                     // turn of this agent works the lease.
@@ -617,6 +620,7 @@ pub fn run_heartbeat(
                 let mut turn = req.turn.clone();
                 turn.turn_key = None;
                 let outcome = run_turn(kernel, &turn)?;
+                report.warnings.extend(outcome.warnings.iter().cloned());
                 if outcome.kind.is_none() {
                     // Another agent or heartbeat took the work between the decision and the claim.
                     if req.once {

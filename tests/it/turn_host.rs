@@ -569,3 +569,35 @@ fn a_turn_without_its_agent_channel_warns_with_what_the_host_can_still_do() {
         }
     }
 }
+
+/// A loop's text lists its turns' warnings once each (here: hosts run without isolation), as
+/// `turn run` lists a turn's.
+#[test]
+fn a_loop_shows_its_turns_warnings_once() {
+    let p = Project::with_goal_g();
+    p.add_work("t1");
+    p.add_work("t2");
+    let host = p.script("host.sh", &result_host("completed"));
+    let args = [
+        "loop",
+        "--goal-id",
+        "g",
+        "--agent-id",
+        "a1",
+        "--until-idle",
+        "--isolation",
+        "off",
+        "--",
+        host.as_str(),
+    ];
+    let text = p.run(&args);
+    assert_eq!(text.code, 0, "{text:?}");
+    assert_eq!(
+        text.stdout
+            .matches("isolation: none (--isolation off)")
+            .count(),
+        1,
+        "{}",
+        text.stdout
+    );
+}
