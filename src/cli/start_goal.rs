@@ -121,7 +121,7 @@ pub fn run(ctx: &Context, args: StartGoalArgs) -> Result<Output> {
     let first_todos: Vec<NewTodo> = answers
         .iter()
         .flat_map(|a| &a.todos)
-        .map(|t| NewTodo::task(t))
+        .map(NewTodo::task)
         .collect();
     // Refused input leaves the directory as it was: no project initialized for a goal that is
     // then not created.
