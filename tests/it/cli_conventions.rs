@@ -741,14 +741,8 @@ fn help_styling_follows_the_terminal_and_no_color() {
     let p = support::Project::new();
     let line = format!("{} goal --help", support::loopx_bin());
     let styled = |no_color: Option<&str>| -> Option<bool> {
-        std::process::Command::new("script")
-            .arg("--version")
-            .output()
-            .ok()?;
-        let mut cmd = std::process::Command::new("script");
-        cmd.args(["-qec", &line, "/dev/null"])
-            .current_dir(p.path())
-            .stdin(std::process::Stdio::null())
+        let mut cmd = script_command(&p, &line)?;
+        cmd.stdin(std::process::Stdio::null())
             .env_remove("NO_COLOR");
         if let Some(v) = no_color {
             cmd.env("NO_COLOR", v);
@@ -767,16 +761,15 @@ fn help_styling_follows_the_terminal_and_no_color() {
     assert!(!p.run(&["goal", "--help"]).stdout.contains('\u{1b}'));
 }
 
-/// `start-goal --guided` on a terminal (util-linux `script`), answered with `input`; `None`
-/// without `script`.
-fn guided_session(p: &support::Project, input: &str) -> Option<(Option<i32>, String)> {
+/// `line` run by util-linux `script` on a pseudo-terminal in the project, without the
+/// environment a turn would set; `None` when `script` is not installed.
+fn script_command(p: &support::Project, line: &str) -> Option<std::process::Command> {
     std::process::Command::new("script")
         .arg("--version")
         .output()
         .ok()?;
-    let line = format!("{} start-goal --guided", support::loopx_bin());
     let mut cmd = std::process::Command::new("script");
-    cmd.args(["-qec", &line, "/dev/null"]).current_dir(p.path());
+    cmd.args(["-qec", line, "/dev/null"]).current_dir(p.path());
     for k in [
         "LOOPX_ROOT",
         "LOOPX_TURN_KEY",
@@ -785,7 +778,14 @@ fn guided_session(p: &support::Project, input: &str) -> Option<(Option<i32>, Str
     ] {
         cmd.env_remove(k);
     }
-    let mut child = cmd
+    Some(cmd)
+}
+
+/// `start-goal --guided` on a terminal (util-linux `script`), answered with `input`; `None`
+/// without `script`.
+fn guided_session(p: &support::Project, input: &str) -> Option<(Option<i32>, String)> {
+    let line = format!("{} start-goal --guided", support::loopx_bin());
+    let mut child = script_command(p, &line)?
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -806,23 +806,10 @@ fn guided_session(p: &support::Project, input: &str) -> Option<(Option<i32>, Str
 }
 
 fn on_a_terminal(p: &support::Project, line: &str) -> Option<(i32, String)> {
-    std::process::Command::new("script")
-        .arg("--version")
+    let out = script_command(p, line)?
+        .stdin(std::process::Stdio::null())
         .output()
-        .ok()?;
-    let mut cmd = std::process::Command::new("script");
-    cmd.args(["-qec", line, "/dev/null"])
-        .current_dir(p.path())
-        .stdin(std::process::Stdio::null());
-    for k in [
-        "LOOPX_ROOT",
-        "LOOPX_TURN_KEY",
-        "LOOPX_AGENT_ID",
-        "LOOPX_CLAIM_KEY",
-    ] {
-        cmd.env_remove(k);
-    }
-    let out = cmd.output().unwrap();
+        .unwrap();
     Some((
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
