@@ -631,7 +631,8 @@ fn start_goal_guided_refuses_without_a_terminal() {
 }
 
 /// The questions on a pseudo-terminal (util-linux `script` gives the command one), answered
-/// from a pipe: title, objective, two todos, an empty line to finish.
+/// from a pipe: a session with a todo over its limit (or a --goal-text over its) is refused
+/// before anything is written; then title, objective, two todos, an empty line to finish.
 #[test]
 fn start_goal_guided_asks_on_a_terminal() {
     let p = support::Project::empty();
