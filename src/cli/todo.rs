@@ -260,9 +260,10 @@ fn change_output(heading: &str, change: &TodoChange) -> Output {
     out
 }
 
-fn grant_output(grant: &ClaimGrant) -> Output {
+/// A granted lease: `heading` says whether a claim or a renewal granted it.
+fn grant_output(heading: &str, grant: &ClaimGrant) -> Output {
     let c = &grant.claim;
-    let mut out = todo_output("Claimed", &grant.todo);
+    let mut out = todo_output(heading, &grant.todo);
     out.value["claim"] = json!({
         "agent_id": c.agent_id,
         "fence": c.fence,
@@ -376,7 +377,7 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
                 ttl_seconds,
                 idempotency_key,
             };
-            Ok(grant_output(&kernel.claim(&req)?))
+            Ok(grant_output("Claimed", &kernel.claim(&req)?))
         }
         TodoCommand::Renew {
             goal_id,
@@ -385,12 +386,10 @@ pub fn run(ctx: &Context, cmd: TodoCommand) -> Result<Output> {
             ttl_seconds,
         } => {
             let actor = ctx.actor(proof.agent_id.as_deref(), proof.fence, proof.claim_key);
-            Ok(grant_output(&kernel.renew(
-                &actor,
-                &goal_id,
-                &todo_id,
-                ttl_seconds,
-            )?))
+            Ok(grant_output(
+                "Renewed",
+                &kernel.renew(&actor, &goal_id, &todo_id, ttl_seconds)?,
+            ))
         }
         TodoCommand::Release {
             goal_id,

@@ -387,6 +387,19 @@ fn the_main_commands_print_what_they_printed() {
         "--idempotency-key",
         "agent.t1.f1",
     ]);
+    // A renewal says so (it printed "Claimed" before).
+    t.run(&[
+        "todo",
+        "renew",
+        "--goal-id",
+        "g",
+        "--todo-id",
+        "t1",
+        "--agent-id",
+        "agent",
+        "--claim-key",
+        "agent.t1.f1",
+    ]);
     // The agent holds t1 now: the decision continues it and drops the claim command.
     t.both(&[
         "quota",
