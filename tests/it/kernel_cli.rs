@@ -1265,45 +1265,31 @@ fn a_completion_repeated_with_its_lease_proof_is_answered_unchanged() {
         "--idempotency-key",
         "kk",
     ]);
+    let complete = |proof: &[&str]| {
+        let head = [
+            "todo",
+            "complete",
+            "--goal-id",
+            &g,
+            "--todo-id",
+            &t,
+            "--agent-id",
+            "a",
+            "--evidence",
+            "done",
+        ];
+        p.json(&[&head[..], proof].concat())
+    };
     for proof in [
         &["--claim-key", "kk"][..],
         &["--claim-key", "kk"],
         &["--fence", "1"],
     ] {
-        let args = [
-            &[
-                "todo",
-                "complete",
-                "--goal-id",
-                &g,
-                "--todo-id",
-                &t,
-                "--agent-id",
-                "a",
-                "--evidence",
-                "done",
-            ][..],
-            proof,
-        ]
-        .concat();
-        let r = p.json(&args);
+        let r = complete(proof);
         assert_eq!(r["todo"]["status"], "completed", "{r}");
     }
     let before = p.snapshot();
-    let r = p.json(&[
-        "todo",
-        "complete",
-        "--goal-id",
-        &g,
-        "--todo-id",
-        &t,
-        "--agent-id",
-        "a",
-        "--claim-key",
-        "kk",
-        "--evidence",
-        "done",
-    ]);
+    let r = complete(&["--claim-key", "kk"]);
     assert_eq!(r["changed"], false, "{r}");
     assert_eq!(before, p.snapshot(), "a repeat wrote");
     let shown = p.json(&["todo", "show", "--goal-id", &g, "--todo-id", &t]);
