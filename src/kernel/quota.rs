@@ -94,6 +94,17 @@ impl QuotaView {
         }
     }
 
+    /// The goal's view without an agent's figures, as `view_in_tx` reads it with no agent:
+    /// the goal's spent and reserved slots do not depend on which agent asked.
+    pub fn goal_view(&self) -> QuotaView {
+        QuotaView::new(
+            &self.policy,
+            self.spent_slots,
+            None,
+            (self.reserved_slots, 0),
+        )
+    }
+
     pub fn to_json(&self) -> Value {
         json!({
             "allowed_slots": self.allowed_slots,
@@ -409,6 +420,7 @@ impl Kernel {
                 ]));
             }
         }
+        let now = now_ms();
         let view = self.write(|tx| {
             require_goal(tx, goal_id)?;
             let mut p = tx.quota_policy(goal_id)?.unwrap_or_default();
@@ -453,11 +465,11 @@ impl Kernel {
                 ]));
             }
             tx.set_quota_policy(goal_id, &p)?;
-            move_window(tx, goal_id, None, now_ms())?;
+            move_window(tx, goal_id, None, now)?;
             log_op(tx, Some(goal_id), actor, "quota_set", json!(p))?;
-            view_in_tx(tx, goal_id, None, now_ms())
+            view_in_tx(tx, goal_id, None, now)
         })?;
-        self.reproject_quota(goal_id);
+        self.reproject_quota(goal_id, &view, now);
         Ok(view)
     }
 
@@ -465,9 +477,10 @@ impl Kernel {
     /// quota section shows the spend) after the commit, like every write they show.
     pub fn spend(&mut self, actor: &Actor, req: &SpendRequest) -> Result<SpendReceipt> {
         check_spend_request(req)?;
-        let receipt = self.write(|tx| spend_in_tx(tx, actor, req, now_ms()))?;
+        let now = now_ms();
+        let receipt = self.write(|tx| spend_in_tx(tx, actor, req, now))?;
         if !receipt.idempotent_replay {
-            self.reproject_quota(&req.goal_id);
+            self.reproject_quota(&req.goal_id, &receipt.after.goal_view(), now);
         }
         Ok(receipt)
     }
@@ -481,9 +494,9 @@ impl Kernel {
     ) -> Result<SpendReceipt> {
         actor.require_operator("void a quota spend")?;
         check_effect_id(effect_id)?;
+        let now = now_ms();
         let receipt = self.write(|tx| {
             require_goal(tx, goal_id)?;
-            let now = now_ms();
             let spend = tx
                 .ledger_entry(effect_id)?
                 .filter(|e| e.goal_id == goal_id && e.kind == LedgerKind::Spend)
@@ -530,15 +543,16 @@ impl Kernel {
             })
         })?;
         if !receipt.idempotent_replay {
-            self.reproject_quota(goal_id);
+            self.reproject_quota(goal_id, &receipt.after.goal_view(), now);
         }
         Ok(receipt)
     }
 
     /// Rewrites the goal's projections after a committed quota change: their quota section
-    /// shows it, like every other write they show.
-    fn reproject_quota(&mut self, goal_id: &str) {
-        let files = self.refresh_goal_quota(goal_id);
+    /// shows it, like every other write they show. `view` is the goal's quota as the change's
+    /// transaction left it, read at `now`.
+    fn reproject_quota(&mut self, goal_id: &str, view: &QuotaView, now: i64) {
+        let files = self.refresh_goal_quota(goal_id, view, now);
         self.after_commit("writing the goal's state files", files);
     }
 }
@@ -595,6 +609,37 @@ mod tests {
             },
         )
         .unwrap();
+    }
+
+    /// A spend's view seen without its agent is the goal's view as a read with no agent gives
+    /// it (what the state files show), even when the agent's cap decides the agent's state.
+    #[test]
+    fn a_spend_view_without_its_agent_is_the_goal_view() {
+        let (_dir, mut k) = crate::kernel::test_project::with_goal_g();
+        k.set_quota(
+            &Actor::Operator,
+            "g",
+            PolicyPatch {
+                per_agent_cap: Some(2),
+                ..PolicyPatch::default()
+            },
+        )
+        .unwrap();
+        let receipt = k
+            .spend(
+                &Actor::Operator,
+                &SpendRequest {
+                    goal_id: "g".into(),
+                    agent_id: Some("a".into()),
+                    slots: 2,
+                    effect_id: Some("e".into()),
+                },
+            )
+            .unwrap();
+        assert_eq!(receipt.after.state, QuotaState::AgentCapped);
+        let goal = k.quota("g", None).unwrap().view;
+        assert_eq!(goal.state, QuotaState::Eligible);
+        assert_eq!(receipt.after.goal_view().to_json(), goal.to_json());
     }
 
     /// `quota show`'s series covers the policy's window in 48 buckets ending now, holds a spend

@@ -5,11 +5,12 @@
 //! them. So the files' stamp records, beside `state.json`'s own stat, the stat of `STATE.md`, the
 //! store's commit counter they are current as of, and where each file's quota part lies. When
 //! the stamp says the files were rendered at the commit right before this command's own, and
-//! both files are still byte for byte that write, only the quota part is rewritten: everything
-//! else in them is what a full render would show at that commit, and the quota part carries the
-//! time it was read at (`quota_as_of`), while `generated_at` stays the time of the render. In any
-//! other case (another commit in between, a file edited or replaced, a stamp missing or torn) the
-//! files are rendered in full.
+//! both files are still byte for byte that write, only the quota part is rewritten, with the
+//! quota the command's own transaction read: everything else in them is what a full render would
+//! show at that commit, and the quota part carries the time that transaction read it at
+//! (`quota_as_of`), while `generated_at` stays the time of the render. In any other case (another
+//! commit between the render and this one, a file edited or replaced, a stamp missing or torn)
+//! the files are rendered in full.
 
 use std::ops::Range;
 use std::path::Path;
@@ -18,10 +19,10 @@ use super::files::{read_stamp, stamp_of, stamp_path, with_temp_file_unless_decli
 use super::markdown::quota_markdown;
 use super::place::copy_range;
 use super::write_quota_tail;
-use crate::clock::now_ms;
 use crate::error::Result;
+use crate::kernel::Kernel;
+use crate::kernel::quota::QuotaView;
 use crate::kernel::store::CommitSeq;
-use crate::kernel::{Kernel, quota};
 
 /// The stamp of a goal's `state.json` and `STATE.md` (`.state.json.stamp`): the first line is
 /// `state.json`'s stat as every JSON projection's stamp has it; the second the rest, each number
@@ -169,17 +170,31 @@ fn is_md_quota_section(part: &[u8]) -> bool {
 impl Kernel {
     /// Brings the goal's state files up to date after a commit that changed only its quota (a
     /// spend, a void, a policy change): the quota parts alone when the files were current right
-    /// before that commit, otherwise a full render.
-    pub(crate) fn refresh_goal_quota(&mut self, goal_id: &str) -> Result<()> {
+    /// before that commit, otherwise a full render. `quota` is the goal's quota as that commit's
+    /// transaction read it at `now`, so the rewritten parts show exactly the commit's state.
+    pub(crate) fn refresh_goal_quota(
+        &mut self,
+        goal_id: &str,
+        quota: &QuotaView,
+        now: i64,
+    ) -> Result<()> {
         match self.last_commit {
-            Some(committed) if self.rewrite_quota_parts(goal_id, committed)? => Ok(()),
+            Some(committed) if self.rewrite_quota_parts(goal_id, committed, quota, now)? => Ok(()),
             _ => self.write_goal_projection(goal_id),
         }
     }
 
-    /// Rewrites the quota parts of the state files if they were rendered at the commit before
-    /// `committed` and nothing has committed since; `Ok(false)` when they must be rendered.
-    fn rewrite_quota_parts(&self, goal_id: &str, committed: CommitSeq) -> Result<bool> {
+    /// Rewrites the quota parts of the state files with `quota` if they were rendered at the
+    /// commit before `committed`; `Ok(false)` when they must be rendered. The files then show
+    /// the state as of `committed` and are stamped so: a later commit's own refresh brings them
+    /// further.
+    fn rewrite_quota_parts(
+        &self,
+        goal_id: &str,
+        committed: CommitSeq,
+        quota: &QuotaView,
+        now: i64,
+    ) -> Result<bool> {
         let json_path = self.paths().goal_state_json(goal_id);
         let md_path = self.paths().goal_state_md(goal_id);
         let Some(stamp) = read_stamp(&json_path)
@@ -191,17 +206,11 @@ impl Kernel {
         if stamp.seq.next() != committed {
             return Ok(false);
         }
-        let now = now_ms();
-        let (seq, quota) =
-            self.read(|tx| Ok((tx.commit_seq()?, quota::view_in_tx(tx, goal_id, None, now)?)))?;
-        if seq != committed {
-            return Ok(false);
-        }
         let mut tail = Vec::with_capacity(512);
-        write_quota_tail(&mut tail, &quota, now)
+        write_quota_tail(&mut tail, quota, now)
             .map_err(|e| crate::error::LoopxError::internal("rendering the quota", e))?;
         let mut section = String::new();
-        quota_markdown(&mut section, &quota, now);
+        quota_markdown(&mut section, quota, now);
         // Both files are checked before either is replaced.
         let (Some(json), Some(md)) = (
             StampedPart::open(
