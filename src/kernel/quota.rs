@@ -280,8 +280,8 @@ pub(crate) fn spend_in_tx(
     let (effect_id, run_id) = match &req.effect_id {
         Some(e) => (e.clone(), None),
         None => {
-            let run = tx
-                .latest_run(&req.goal_id, req.agent_id.as_deref())?
+            let run_id = tx
+                .latest_run_id(&req.goal_id, req.agent_id.as_deref())?
                 .ok_or_else(|| {
                     not_found(msg![
                         format!(
@@ -299,7 +299,7 @@ pub(crate) fn spend_in_tx(
                         Param::EffectId
                     ])
                 })?;
-            (format!("run:{}", run.id), Some(run.id))
+            (format!("run:{run_id}"), Some(run_id))
         }
     };
     move_window(tx, &req.goal_id, req.agent_id.as_deref(), now)?;

@@ -335,7 +335,7 @@ impl Kernel {
             Ok(GoalSummary {
                 todo_counts: counts_json(&tx.todo_status_counts(goal_id)?),
                 run_count: tx.run_count(goal_id)?,
-                latest_run: tx.latest_run(goal_id, None)?,
+                latest_run: tx.runs(goal_id, 1, None)?.pop(),
                 recent_evidence: tx.recent_evidence(goal_id, 20)?,
                 recent_rewards: tx.recent_rewards(goal_id, 20)?,
                 quota: view_in_tx(tx, goal_id, None, now_ms())?,

@@ -115,7 +115,7 @@ fn goal_status(
             ready.push(todo);
         }
     }
-    let latest_run_id = tx.latest_run(&gid, None)?.map(|r| r.id);
+    let latest_run_id = tx.latest_run_id(&gid, None)?;
     let ready_count = ready.len();
     if goal.status == GoalStatus::Paused {
         queue.push(item(

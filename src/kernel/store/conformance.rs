@@ -554,7 +554,8 @@ pub(crate) fn journal_upserts_and_lists_unsettled_turns(open: Factory<'_>) {
 }
 
 /// History comes newest first in pages of `limit`; each page continues strictly before the
-/// last id of the previous one, so the pages together hold every run exactly once.
+/// last id of the previous one, so the pages together hold every run exactly once. The newest
+/// run's id is the goal's, or one agent's in that goal.
 pub(crate) fn history_pages_newest_first_without_duplicates(open: Factory<'_>) {
     let mut store = open();
     // Ids sort in creation order (ULIDs do); several runs share a timestamp.
@@ -567,7 +568,7 @@ pub(crate) fn history_pages_newest_first_without_duplicates(open: Factory<'_>) {
             tx.insert_run(&Run {
                 id: id.clone(),
                 goal_id: "g".into(),
-                agent_id: Some("a1".into()),
+                agent_id: Some(if i % 2 == 0 { "a1" } else { "a2" }.into()),
                 todo_id: None,
                 classification: "progress".into(),
                 outcome: None,
@@ -611,10 +612,13 @@ pub(crate) fn history_pages_newest_first_without_duplicates(open: Factory<'_>) {
     assert_eq!(seen, newest_first, "every run once, newest first");
     read(&*store, |tx| {
         assert_eq!(tx.run_count("g").unwrap(), 7);
+        assert_eq!(tx.latest_run_id("g", None).unwrap(), Some(ids[6].clone()));
         assert_eq!(
-            tx.latest_run("g", None).unwrap().map(|r| r.id),
-            Some(ids[6].clone())
+            tx.latest_run_id("g", Some("a2")).unwrap(),
+            Some(ids[5].clone())
         );
+        assert_eq!(tx.latest_run_id("g", Some("a3")).unwrap(), None);
+        assert_eq!(tx.latest_run_id("other", Some("a2")).unwrap(), None);
         assert_eq!(
             tx.run("g", &ids[2]).unwrap().map(|r| r.summary),
             Some("run 2".into())

@@ -256,7 +256,8 @@ pub trait StoreRead: MonitorRead + GoalProbeRead {
     fn run(&self, goal_id: &str, run_id: &str) -> Result<Option<Run>>;
     /// Newest first, at most `limit`, strictly older than `before` when given.
     fn runs(&self, goal_id: &str, limit: usize, before: Option<&str>) -> Result<Vec<Run>>;
-    fn latest_run(&self, goal_id: &str, agent_id: Option<&str>) -> Result<Option<Run>>;
+    /// The id of the goal's newest run, or of `agent_id`'s newest run in it.
+    fn latest_run_id(&self, goal_id: &str, agent_id: Option<&str>) -> Result<Option<String>>;
     fn run_count(&self, goal_id: &str) -> Result<i64>;
     fn rewards_for_runs(&self, goal_id: &str, run_ids: &[String]) -> Result<Vec<Reward>>;
     fn recent_rewards(&self, goal_id: &str, limit: usize) -> Result<Vec<Reward>>;

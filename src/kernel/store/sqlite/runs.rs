@@ -104,19 +104,25 @@ impl Db<'_> {
         )
     }
 
-    pub(super) fn latest_run(&self, goal_id: &str, agent_id: Option<&str>) -> Result<Option<Run>> {
+    /// The id alone, read from an index (`runs_by_agent`, or the goal's newest by
+    /// `runs_by_goal`): a spend and the attention queue need nothing else of the run.
+    pub(super) fn latest_run_id(
+        &self,
+        goal_id: &str,
+        agent_id: Option<&str>,
+    ) -> Result<Option<String>> {
         let sql = match agent_id {
-            Some(_) => format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND agent_id = ?2 ORDER BY id DESC LIMIT 1"
-            ),
-            None => format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE goal_id = ?1 AND ?2 IS NULL ORDER BY id DESC LIMIT 1"
-            ),
+            Some(_) => {
+                "SELECT id FROM runs WHERE goal_id = ?1 AND agent_id = ?2 ORDER BY id DESC LIMIT 1"
+            }
+            None => {
+                "SELECT id FROM runs WHERE goal_id = ?1 AND ?2 IS NULL ORDER BY id DESC LIMIT 1"
+            }
         };
         self.query_opt(
-            &sql,
+            sql,
             params![goal_id, agent_id],
-            run_from_row,
+            |r| r.get(0),
             "reading the latest run",
         )
     }

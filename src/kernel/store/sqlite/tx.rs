@@ -279,8 +279,8 @@ impl<M: Mode> StoreRead for SqliteTx<'_, M> {
         self.db.runs(goal_id, limit, before)
     }
 
-    fn latest_run(&self, goal_id: &str, agent_id: Option<&str>) -> Result<Option<Run>> {
-        self.db.latest_run(goal_id, agent_id)
+    fn latest_run_id(&self, goal_id: &str, agent_id: Option<&str>) -> Result<Option<String>> {
+        self.db.latest_run_id(goal_id, agent_id)
     }
 
     fn run_count(&self, goal_id: &str) -> Result<i64> {
