@@ -716,13 +716,20 @@ pub(crate) fn the_commit_counter_counts_commits_that_change_rows(open: Factory<'
     tx.insert_todo(&todo("g", "t2")).unwrap();
     tx.append_op(&op("op1")).unwrap();
     assert_eq!(tx.commit().unwrap(), CommitSeq(start.0 + 3));
+    assert_eq!(
+        seq(&*b),
+        CommitSeq(start.0 + 3),
+        "the count a commit returns is the stored one"
+    );
     let tx = b.begin_write().unwrap();
     tx.insert_todo(&todo("g", "t3")).unwrap();
     assert_eq!(tx.commit().unwrap(), CommitSeq(start.0 + 4));
     let tx = a.begin_write().unwrap();
     tx.append_op(&op("op2")).unwrap();
     tx.append_op(&op("op3")).unwrap();
-    assert!(tx.commit().unwrap() > CommitSeq(start.0 + 5));
+    let two_ops = tx.commit().unwrap();
+    assert!(two_ops > CommitSeq(start.0 + 5));
+    assert_eq!(seq(&*b), two_ops);
     {
         let tx = b.begin_write().unwrap();
         tx.append_op(&op("op4")).unwrap();
