@@ -12,10 +12,13 @@
 //! and receive its output), and a panic still ending the process with exit 101 after the panic
 //! hook has printed it. What is given up: a stack overflow ends the process with SIGSEGV instead
 //! of Rust's one-line report before its abort (docs/decisions.md).
-#![no_main]
+// The test harness brings its own `main` (`cargo test` builds this file as a test binary too).
+#![cfg_attr(not(test), no_main)]
 
+#[cfg(not(test))]
 use std::ffi::{c_char, c_int};
 
+#[cfg(not(test))]
 #[unsafe(no_mangle)]
 extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
     ignore_sigpipe();
@@ -30,6 +33,7 @@ extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
     std::process::exit(code)
 }
 
+#[cfg(not(test))]
 fn ignore_sigpipe() {
     // SAFETY: installs the constant disposition SIG_IGN; no handler code runs.
     unsafe {
@@ -39,6 +43,7 @@ fn ignore_sigpipe() {
 
 /// Opens `/dev/null` on each of descriptors 0-2 that is closed, lowest first, so each takes the
 /// closed number. `false` when one is closed and cannot be opened.
+#[cfg(not(test))]
 fn open_closed_standard_descriptors() -> bool {
     let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
         fd,
