@@ -658,7 +658,8 @@ fn a_projection_failure_after_the_commit_is_a_warning_and_the_run_is_recorded_on
 }
 
 /// Runs loopx through `sh` with the redirections `redirect` (`>&-`, `2>/dev/full`, ...).
-fn with_streams(p: &Project, redirect: &str, args: &str) -> Run {
+/// `loopx {args}` in the project with the shell redirections `redirect` applied to it.
+fn streams_command(p: &Project, redirect: &str, args: &str) -> Command {
     let mut cmd = Command::new("sh");
     cmd.args(["-c", &format!("exec \"$LOOPX\" {args} {redirect}")])
         .env("LOOPX", loopx_bin())
@@ -671,7 +672,15 @@ fn with_streams(p: &Project, redirect: &str, args: &str) -> Run {
     ] {
         cmd.env_remove(k);
     }
-    to_run(cmd.output().expect("spawn sh"))
+    cmd
+}
+
+fn with_streams(p: &Project, redirect: &str, args: &str) -> Run {
+    to_run(
+        streams_command(p, redirect, args)
+            .output()
+            .expect("spawn sh"),
+    )
 }
 
 #[test]
@@ -732,6 +741,81 @@ fn closed_or_failing_standard_streams_never_panic() {
     // With stdout closed, what the commands printed went nowhere, and into no file of the
     // project: every projection still parses and the project checks healthy.
     assert_eq!(p.run(&["doctor"]).code, 0, "{}", p.run(&["doctor"]).stderr);
+}
+
+/// Output into a pipe whose reader has gone is an `EPIPE` the command answers with its own exit
+/// code, never a SIGPIPE that kills it mid-command: `loopx` ignores SIGPIPE itself (it enters at
+/// C's `main`, without Rust's runtime start-up that used to).
+#[test]
+fn a_reader_that_went_away_ends_no_command_by_signal() {
+    let (p, g) = seeded();
+    for i in 0..200 {
+        p.add_todo(
+            &g,
+            &format!("todo {i} with a title long enough to fill the pipe"),
+            &[],
+        );
+    }
+    for args in [
+        vec!["todo", "list", "--goal-id", g.as_str()],
+        vec!["--format", "json", "todo", "list", "--goal-id", g.as_str()],
+        vec!["refresh-state", "--goal-id", g.as_str()],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let status = p.command(&args).stdout(writer).status().unwrap();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "`loopx {}`: {status:?}",
+            args.join(" ")
+        );
+    }
+    assert_eq!(p.run(&["doctor"]).code, 0);
+}
+
+/// Descriptors 0-2 that are closed at start are `/dev/null`, open for reading and writing, before
+/// the command opens anything, so no file it opens later takes their numbers. (SQLite alone would
+/// put a read-only `/dev/null` on a low descriptor it was handed, which a write then fails on.)
+#[test]
+fn closed_standard_descriptors_are_dev_null_open_for_both() {
+    let (p, _g) = seeded();
+    let mut child = streams_command(&p, "<&- >&- 2>&-", "status --watch")
+        .spawn()
+        .unwrap();
+    let proc_dir = PathBuf::from(format!("/proc/{}", child.id()));
+    let exe_is_loopx =
+        || std::fs::read_link(proc_dir.join("exe")).is_ok_and(|e| e == Path::new(loopx_bin()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !exe_is_loopx() {
+        assert!(std::time::Instant::now() < deadline, "loopx never started");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The watch has opened its database by the time it waits for a commit.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let seen: Vec<(PathBuf, String)> = (0..3)
+        .map(|fd| {
+            let target = std::fs::read_link(proc_dir.join(format!("fd/{fd}"))).unwrap();
+            let info = std::fs::read_to_string(proc_dir.join(format!("fdinfo/{fd}"))).unwrap();
+            let flags = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .unwrap()
+                .trim()
+                .to_string();
+            (target, flags)
+        })
+        .collect();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for (fd, (target, flags)) in seen.iter().enumerate() {
+        assert_eq!(target, Path::new("/dev/null"), "descriptor {fd}");
+        let mode = u32::from_str_radix(flags, 8).unwrap() & 0o3;
+        assert_eq!(
+            mode, 0o2,
+            "descriptor {fd} is open for reading and writing: {flags}"
+        );
+    }
 }
 
 #[test]
